@@ -1,0 +1,123 @@
+"""The records the runtime keeps: storages (units of memory) and ops (recipes that compute them).
+
+Words used everywhere in this package (the DTR paper's, as in simrd):
+
+- *resident*: the storage's value is in memory and counted against the budget.
+- *evicted*: the value was freed but the recipe is kept, so it can be *rematerialized* (recomputed).
+- *locked*: an op in flight reads it; it may not be evicted until the op finishes.
+- *pinned*: it cannot be recomputed (a constant, or the output of an op that cannot be replayed); it is
+  never evicted.
+- *released*: nothing can ever need it again (no handle and no live dependent recipe); it is freed for
+  good and forgotten. (simrd calls this banishing.)
+
+A storage is the unit of eviction and of byte counting. Tensors (views) are a front-end notion: every
+view of a storage is rebuilt from the storage's payload, so the core never sees them.
+
+Invariants, checked by ``Runtime.check()`` in tests:
+
+1. ``resident`` implies ``payload is not None`` and the bytes are counted once in ``Memory.tracked``.
+2. ``released`` implies not resident, no handles (``refs == 0``) and no live dependents (``deps == 0``).
+3. ``deps`` is the number of live ops (ops with at least one unreleased output) that read the storage.
+4. A storage in ``Runtime.candidates`` is resident, not pinned and not released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class UFNode:
+    """A union-find set of evicted storages and the summed compute cost of its members."""
+
+    __slots__ = ("parent", "cost")
+
+    def __init__(self, cost: float = 0.0) -> None:
+        self.parent: UFNode = self
+        self.cost = cost
+
+    def find(self) -> UFNode:
+        root = self
+        while root.parent is not root:
+            root = root.parent
+        node = self
+        while node.parent is not root:  # path compression
+            node.parent, node = root, node.parent
+        return root
+
+    def union(self, other: UFNode) -> UFNode:
+        a, b = self.find(), other.find()
+        if a is b:
+            return a
+        b.parent = a
+        a.cost += b.cost
+        return a
+
+
+class Storage:
+    """One unit of memory that the runtime may evict and rematerialize as a whole."""
+
+    __slots__ = (
+        "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
+        "last_access", "children", "uf", "released", "forward", "__weakref__",
+    )  # fmt: skip
+
+    def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
+        self.sid = sid
+        self.nbytes = nbytes
+        self.op = op  # the recipe that computes this storage; None when it cannot be recomputed
+        self.payload = payload  # the front end's value (a plain tensor); None unless resident
+        self.resident = True
+        self.pinned = pinned
+        self.locks = 0
+        self.refs = 0  # live front-end handles (tensors, log names) that point here
+        self.deps = 0  # live ops that read this storage (see invariant 3)
+        self.last_access = 0.0
+        self.children: list[Op] = []  # ops that read this storage
+        self.uf: UFNode | None = None  # set of evicted neighbours while evicted (h_DTR^eq)
+        self.released = False
+        self.forward: Storage | None = None  # newer version after an in-place write
+
+    @property
+    def cost(self) -> float:
+        return self.op.cost if self.op is not None else 0.0
+
+    def neighbours(self) -> list[Storage]:
+        """Storages adjacent in the compute graph: inputs of this storage's recipe and its users' outputs."""
+        out = list(self.op.inputs) if self.op is not None else []
+        for child in self.children:
+            out.extend(child.outputs)
+        return out
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "resident" if self.resident else "evicted"
+        flags = "".join(f",{f}" for f in ("pinned",) if self.pinned) + (f",locks={self.locks}" if self.locks else "")
+        return f"Storage(#{self.sid}, {self.nbytes}B, {state}{flags}, refs={self.refs}, deps={self.deps})"
+
+
+class Op:
+    """A recipe: one call that computed ``outputs`` from ``inputs``, and how to run it again.
+
+    ``compute()`` is supplied by the front end. It is called only when every input is resident and
+    returns one payload per output (in order; the runtime ignores payloads of outputs that are already
+    resident or released).
+    """
+
+    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name")
+
+    def __init__(
+        self,
+        inputs: Sequence[Storage],
+        cost: float,
+        compute: Callable[[], Sequence[Any]] | None,
+        name: str = "",
+    ) -> None:
+        self.inputs: tuple[Storage, ...] = tuple(dict.fromkeys(inputs))  # distinct, in order
+        self.outputs: list[Storage] = []
+        self.cost = cost
+        self.compute = compute
+        self.live = 0  # outputs not yet released
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Op({self.name or '?'}, in={[s.sid for s in self.inputs]}, out={[s.sid for s in self.outputs]})"

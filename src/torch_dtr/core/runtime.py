@@ -1,0 +1,460 @@
+"""The DTR runtime: records recipes, keeps tracked bytes within a budget, evicts, rematerializes.
+
+It imports no torch. A front end (``torch_dtr.eager`` live, ``torch_dtr.sim`` for logs) drives it:
+
+    rt.reserve(nbytes_of_outputs)          # evicts until the outputs fit
+    ... run the op ...
+    op = rt.record(inputs, cost, compute)  # the recipe
+    s = rt.output(op, nbytes, payload)     # one storage per distinct output storage
+
+and calls ``rt.rematerialize(s)`` when it needs the payload of an evicted storage.
+
+# NOTE [ Lifetimes ]
+#
+# 1. A storage is kept while it has handles (``refs``: front-end tensors or log names) or live
+#    dependents (``deps``: live recipes that read it).
+# 2. When its last handle dies and no live recipe reads it, it is released: freed for good, its record
+#    dropped, and its own recipe's inputs lose a dependent (which may release them in turn, iteratively).
+# 3. When its last handle dies but a live recipe still reads it, it is evicted at once ("drop instead of
+#    delete", as MegEngine does) and its recipe kept only as long as those dependents live. Pinned
+#    storages (not recomputable) stay resident instead. These drops are counted as ``drops``, not as
+#    evictions chosen by the policy.
+# 4. So nothing accumulates across iterations: when an iteration's tensors die, every storage they
+#    produced is released and tracked bytes return to the constants.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .memory import Drop, Memory
+from .policies import Policy, get_policy
+from .records import Op, Storage, UFNode
+
+
+class BudgetError(RuntimeError):
+    """The budget cannot be kept: everything that could be evicted has been, and the op still does not fit."""
+
+
+class InternalError(AssertionError):
+    """A bug in torch_dtr (never the user's mistake). Please report it with the message."""
+
+
+def internal_assert(cond: bool, msg: str) -> None:
+    if not cond:
+        raise InternalError(f"torch_dtr internal error: {msg}")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Stats:
+    budget_bytes: int | None
+    resident_bytes: int  # tracked bytes now (resident managed storages + constants)
+    peak_bytes: int
+    constant_bytes: int
+    evictions: int  # storages evicted by the policy to make room
+    drops: int  # storages evicted because their last handle died (NOTE [ Lifetimes ] 3)
+    rematerializations: int  # recipes run again
+    remat_seconds: float
+    search_seconds: float
+    ops: int  # ops recorded (managed ops run by the program)
+    live_storages: int  # records held (resident or evicted)
+
+
+class Runtime:
+    def __init__(
+        self,
+        budget: int | None,
+        policy: str | Policy = "dtr_eq",
+        *,
+        sample_sqrt: bool = False,
+        min_evict_bytes: int | None = None,
+        memory: Memory | None = None,
+        victim: Drop | None = None,
+        extra_usage: Callable[[], int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if budget is not None and budget < 0:
+            raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
+        self.budget = budget
+        self.policy = get_policy(policy)
+        self.sample_sqrt = sample_sqrt
+        self.min_evict_bytes = min_evict_bytes
+        self.memory = memory or Memory()
+        self.victim = victim or Drop()
+        self.extra_usage = extra_usage
+        self.rng = random.Random(seed)
+        self.candidates: dict[Storage, None] = {}  # resident, evictable storages (insertion-ordered set)
+        self.candidate_bytes = 0
+        self.live: dict[Storage, None] = {}  # every storage not yet released
+        self.clock = 0.0
+        self.next_sid = 0
+        self.evictions = self.drops = self.rematerializations = self.ops = 0
+        self.remat_seconds = self.search_seconds = 0.0
+        self.remat_cost = 0.0  # summed recipe cost of rematerializations (the simulator's overhead)
+        self.on_event: Callable[[str, Storage], None] | None = None  # "evict", "remat", "drop", "release"
+
+    # ------------------------------------------------------------------ records
+    def record(self, inputs: Sequence[Storage], cost: float, compute: Callable[[], Sequence[Any]] | None,
+               name: str = "") -> Op:
+        """Record a recipe that just ran: touches its inputs and advances the clock by its cost.
+
+        Every recorded op must get at least one output (``output`` or ``new_version``), or its inputs
+        would keep a dependent forever.
+        """
+        op = Op(inputs, cost, compute, name)
+        self.clock += cost
+        now = self.clock
+        for s in op.inputs:
+            s.deps += 1
+            s.children.append(op)
+            s.last_access = now
+        return op
+
+    def output(self, op: Op | None, nbytes: int, payload: Any) -> Storage:
+        """A new resident storage produced by ``op``; with ``op=None`` it is pinned (never recomputed)."""
+        s = Storage(self.next_sid, nbytes, payload, op, op is None)
+        self.next_sid += 1
+        s.last_access = self.clock
+        if op is not None:
+            op.outputs.append(s)
+            op.live += 1
+        self.memory.alloc(s)
+        self.live[s] = None
+        if not s.pinned:
+            self.candidates[s] = None
+            self.candidate_bytes += nbytes
+        return s
+
+    def touch(self, s: Storage) -> None:
+        s.last_access = self.clock
+
+    # ------------------------------------------------------------------ handles and lifetimes
+    def add_ref(self, s: Storage) -> None:
+        s.refs += 1
+
+    def drop_ref(self, s: Storage) -> None:
+        s.refs -= 1
+        internal_assert(s.refs >= 0, f"negative handle count on {s}")
+        if s.refs == 0:
+            if s.deps == 0:
+                self._release(s)
+            elif s.resident and not s.pinned and s.locks == 0:
+                self._evict(s)
+                self.drops += 1
+                if self.on_event:
+                    self.on_event("drop", s)
+
+    def _release(self, s: Storage) -> None:
+        work = [s]
+        while work:
+            s = work.pop()
+            if s.released:
+                continue
+            s.released = True
+            if s.resident:
+                self._unresident(s)
+            s.payload = None
+            self.live.pop(s, None)
+            if self.on_event:
+                self.on_event("release", s)
+            op = s.op
+            if op is None:
+                continue
+            op.live -= 1
+            if op.live == 0:
+                op.compute = None
+                for i in op.inputs:
+                    i.deps -= 1
+                    i.children.remove(op)
+                    if i.deps == 0 and i.refs == 0:
+                        work.append(i)
+
+    def _unresident(self, s: Storage) -> None:
+        s.resident = False
+        self.memory.free(s)
+        if self.candidates.pop(s, 0) is None:
+            self.candidate_bytes -= s.nbytes
+
+    # ------------------------------------------------------------------ constants
+    def add_constant(self, nbytes: int) -> None:
+        """Count a constant storage (already in memory) against the budget, evicting to make room."""
+        self.reserve(nbytes)
+        self.memory.add_constant(nbytes)
+
+    def remove_constant(self, nbytes: int) -> None:
+        self.memory.remove_constant(nbytes)
+
+    # ------------------------------------------------------------------ in-place writes
+    def new_version(self, old: Storage, op: Op | None, payload: Any = None) -> Storage:
+        """``op`` wrote ``old``'s value in place: the written value becomes a new storage.
+
+        Without ``payload`` the write went to ``old``'s own buffer: the new storage takes over the buffer
+        and its bytes, and ``old`` keeps its recipe but is no longer resident, so recipes that read it
+        still recompute the value it had. With ``payload`` the write went to a copy (``old`` cannot be
+        recomputed but is still read): ``old`` stays resident and the copy is counted as new bytes.
+        ``op=None``: the write cannot be replayed, so the new storage is pinned. Handles naming ``old``
+        follow ``old.forward``.
+        """
+        internal_assert(old.resident and not old.released, f"in-place write to non-resident {old}")
+        if payload is not None:
+            new = self.output(op, old.nbytes, payload)
+            old.forward = new
+            return new
+        new = Storage(self.next_sid, old.nbytes, old.payload, op, op is None)
+        self.next_sid += 1
+        new.last_access = self.clock
+        if op is not None:
+            op.outputs.append(new)
+            op.live += 1
+        self.live[new] = None
+        # the bytes move from old to new: tracked does not change
+        old.payload = None
+        old.resident = False
+        if self.candidates.pop(old, 0) is None:
+            self.candidate_bytes -= old.nbytes
+        if not new.pinned:
+            self.candidates[new] = None
+            self.candidate_bytes += new.nbytes
+        old.forward = new
+        return new
+
+    def pin(self, s: Storage) -> None:
+        """Never evict ``s`` from now on (its memory is shared with something the runtime cannot see)."""
+        if not s.pinned:
+            s.pinned = True
+            if self.candidates.pop(s, 0) is None:
+                self.candidate_bytes -= s.nbytes
+
+    # ------------------------------------------------------------------ budget and eviction
+    def reserve(self, nbytes: int) -> None:
+        """Evict until ``nbytes`` more fit within the budget; raise ``BudgetError`` when they cannot."""
+        if self.budget is None:
+            return
+        while self._used() + nbytes > self.budget:
+            victim = self._choose()
+            if victim is None:
+                self._raise_budget(nbytes)
+            self._evict(victim)
+            self.evictions += 1
+            if self.on_event:
+                self.on_event("evict", victim)
+
+    def _used(self) -> int:
+        if self.extra_usage is None:
+            return self.memory.tracked
+        return max(self.memory.tracked, self.extra_usage())
+
+    def _raise_budget(self, nbytes: int) -> None:
+        held = self.memory.tracked
+        locked = sum(s.nbytes for s in self.candidates if s.locks)
+        need = held + nbytes
+        raise BudgetError(
+            f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept: "
+            f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(self.memory.constants)}, "
+            f"locked by the op in flight {fmt_bytes(locked)}, pinned or kept "
+            f"{fmt_bytes(held - self.memory.constants - locked)}) and the op needs {fmt_bytes(nbytes)} more; "
+            f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here, e.g. "
+            f"torch_dtr.enable(budget={math.ceil(need * 1.1)})"
+        )
+
+    def _choose(self) -> Storage | None:
+        t0 = time.perf_counter()
+        cands = self.candidates
+        n = len(cands)
+        if n == 0:
+            self.search_seconds += time.perf_counter() - t0
+            return None
+        pool: Any = cands
+        if self.sample_sqrt and n > 16:
+            pool = self.rng.sample(list(cands), max(16, math.isqrt(n)))
+        floor = self.min_evict_bytes
+        if floor is None:
+            floor = 0.01 * self.candidate_bytes / n
+        best = self._best(pool, floor)
+        if best is None and floor > 0:
+            best = self._best(pool, 0)
+        if best is None and pool is not cands:
+            best = self._best(cands, 0)
+        self.search_seconds += time.perf_counter() - t0
+        return best
+
+    def _best(self, pool: Any, floor: float) -> Storage | None:
+        score, extra_kind = self.policy.score, self.policy.extra
+        now = self.clock
+        best, best_score = None, math.inf
+        for s in pool:
+            if s.locks or s.nbytes < floor or s.nbytes == 0:
+                continue
+            staleness = now - s.last_access + 1e-9
+            extra = self._extra(s, extra_kind) if extra_kind else 0.0
+            v = score(s.cost, s.nbytes, staleness, extra)
+            if v < best_score:
+                best, best_score = s, v
+        return best
+
+    def _extra(self, s: Storage, kind: str) -> float:
+        if kind == "uf":
+            roots = {n.uf.find() for n in s.neighbours() if n.uf is not None and not n.resident}
+            return sum(r.cost for r in roots)
+        if kind == "exact":
+            return sum(n.cost for n in self._evicted_component(s.neighbours()))
+        if kind == "ancestors":
+            return sum(n.cost for n in self._evicted_component(s.op.inputs if s.op else (), up_only=True))
+        raise InternalError(f"torch_dtr internal error: unknown extra kind {kind!r}")
+
+    @staticmethod
+    def _evicted_component(start: Sequence[Storage], up_only: bool = False) -> set[Storage]:
+        seen: set[Storage] = set()
+        work = [n for n in start if not n.resident and not n.released]
+        while work:
+            n = work.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            nxt = (n.op.inputs if n.op else ()) if up_only else n.neighbours()
+            work.extend(m for m in nxt if not m.resident and not m.released and m not in seen)
+        return seen
+
+    def evict(self, s: Storage) -> None:
+        """Evict ``s`` now (it must be resident, unpinned and unlocked)."""
+        internal_assert(s.resident and not s.pinned and s.locks == 0, f"cannot evict {s}")
+        self._evict(s)
+        self.evictions += 1
+
+    def _evict(self, s: Storage) -> None:
+        self._unresident(s)
+        self.victim.evict(s)
+        if self.policy.extra == "uf":
+            node = s.uf = UFNode(s.cost)
+            for n in s.neighbours():
+                if n.uf is not None and not n.resident and not n.released:
+                    node.union(n.uf)
+
+    # ------------------------------------------------------------------ rematerialization
+    def lock(self, storages: Sequence[Storage]) -> None:
+        for s in storages:
+            s.locks += 1
+
+    def unlock(self, storages: Sequence[Storage]) -> None:
+        for s in storages:
+            s.locks -= 1
+
+    def rematerialize(self, target: Storage) -> None:
+        """Make ``target`` resident again, recomputing evicted inputs first (an explicit stack, no recursion).
+
+        A frame locks each input of its recipe as soon as it is resident, so rematerializing a sibling
+        input cannot evict it again; all locks are dropped when the frame's recipe has run (or on error).
+        """
+        if target.resident:
+            return
+        frames: list[tuple[Storage, list[Storage]]] = [(target, [])]
+        try:
+            while frames:
+                s, held = frames[-1]
+                if s.resident:
+                    frames.pop()
+                    self.unlock(held)
+                    continue
+                op = s.op
+                internal_assert(op is not None and op.compute is not None and not s.released,
+                                f"cannot rematerialize {s}: it has no recipe")
+                missing = []
+                for i in op.inputs:
+                    if i.resident:
+                        if i not in held:
+                            i.locks += 1
+                            held.append(i)
+                    else:
+                        missing.append(i)
+                if missing:  # recipes form a DAG (inputs are older than outputs), so this ends
+                    frames.extend((i, []) for i in missing)
+                    internal_assert(len(frames) <= 2 * len(self.live) + 2, "rematerialization does not end")
+                    continue
+                self._recompute(op)
+                frames.pop()
+                self.unlock(held)
+        except BaseException:
+            for _, held in frames:
+                self.unlock(held)
+            raise
+
+    def _recompute(self, op: Op) -> None:
+        need = sum(o.nbytes for o in op.outputs if not o.resident and not o.released)
+        self.reserve(need)
+        t0 = time.perf_counter()
+        payloads = op.compute()  # type: ignore[misc]
+        self.remat_seconds += time.perf_counter() - t0
+        self.remat_cost += op.cost
+        self.rematerializations += 1
+        self.clock += op.cost
+        now = self.clock
+        for i in op.inputs:
+            i.last_access = now
+        for o, p in zip(op.outputs, payloads, strict=True):
+            if o.resident or o.released:
+                continue
+            o.payload = p
+            o.resident = True
+            o.last_access = now
+            self.memory.alloc(o)
+            self.candidates[o] = None
+            self.candidate_bytes += o.nbytes
+            if o.uf is not None:  # leave the evicted component; it is not split (h_DTR^eq approximation)
+                o.uf.find().cost -= o.cost
+                o.uf = None
+            if self.on_event:
+                self.on_event("remat", o)
+
+    # ------------------------------------------------------------------ reporting
+    def stats(self) -> Stats:
+        return Stats(
+            budget_bytes=self.budget,
+            resident_bytes=self.memory.tracked,
+            peak_bytes=self.memory.peak,
+            constant_bytes=self.memory.constants,
+            evictions=self.evictions,
+            drops=self.drops,
+            rematerializations=self.rematerializations,
+            remat_seconds=self.remat_seconds,
+            search_seconds=self.search_seconds,
+            ops=self.ops,
+            live_storages=len(self.live),
+        )
+
+    def reset_peak(self) -> None:
+        self.memory.peak = self.memory.tracked
+
+    def check(self) -> None:
+        """Assert the invariants of ``records`` (for tests; O(records))."""
+        total = 0
+        deps: dict[Storage, int] = {s: 0 for s in self.live}
+        ops = {op for s in self.live for op in s.children} | {s.op for s in self.live if s.op is not None}
+        for op in ops:
+            if op.live > 0:
+                for i in op.inputs:
+                    internal_assert(not i.released, f"live {op} reads released {i}")
+                    deps[i] = deps.get(i, 0) + 1
+        for s in self.live:
+            internal_assert(not s.released, f"released {s} still in live set")
+            internal_assert(s.deps == deps[s], f"{s} counts {s.deps} dependents, found {deps[s]}")
+            if s.resident:
+                internal_assert(s.payload is not None, f"resident {s} has no payload")
+                total += s.nbytes
+            internal_assert((s in self.candidates) == (s.resident and not s.pinned), f"candidate set wrong for {s}")
+        internal_assert(total + self.memory.constants == self.memory.tracked,
+                        f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")
+        if self.budget is not None and self.extra_usage is None:
+            internal_assert(self.memory.peak <= self.budget, f"peak {self.memory.peak} > budget {self.budget}")

@@ -1,0 +1,147 @@
+"""The public functions behind ``torch_dtr.enable`` and friends."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..core import Stats
+from ..core.policies import DEFAULT_POLICY, Policy, get_policy
+from . import front as _front
+from .front import Front
+from .tensor import DTRTensor
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BUDGET_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE)
+_LAST: Front | None = None  # the most recent front end, for stats() after disable()
+
+
+def parse_budget(budget: int | str | None) -> int | None:
+    """Bytes from an int or a string like ``"512MB"``, ``"3GiB"``, ``"1.5 GB"`` (KB/MB/GB: powers of 1000,
+    KiB/MiB/GiB: powers of 1024, case-insensitive). ``None`` means unlimited."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise ValueError(f"torch_dtr: budget must be bytes (int) or a size string like '3GiB', got {budget!r}")
+    if isinstance(budget, int):
+        if budget < 0:
+            raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}; e.g. budget='3GiB'")
+        return budget
+    if isinstance(budget, str):
+        m = _BUDGET_RE.match(budget)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(
+        f"torch_dtr: cannot read budget {budget!r}: use bytes (an int) or a number with a unit "
+        f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. budget='3GiB' or budget='1.5 GB'"
+    )
+
+
+def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
+           sample_sqrt: bool = False, min_evict_bytes: int | None = None) -> None:
+    """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing."""
+    global _LAST
+    if _front._ACTIVE is not None:
+        raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "
+                           "`with torch_dtr.budget(...)` to change the budget for a scope")
+    nbytes = parse_budget(budget)
+    get_policy(policy)
+    if min_evict_bytes is not None and min_evict_bytes < 0:
+        raise ValueError(f"torch_dtr: min_evict_bytes must be >= 0, got {min_evict_bytes}")
+    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes)
+    f.mode.__enter__()
+    _front.set_active(f)
+    _LAST = f
+
+
+def disable() -> None:
+    """Return to plain PyTorch. Managed tensors still alive keep working (ops on them return plain tensors)."""
+    f = _front._ACTIVE
+    if f is None:
+        return
+    _front.set_active(None)
+    try:
+        f.mode.__exit__(None, None, None)
+    finally:
+        f.close()
+
+
+def enabled() -> bool:
+    return _front._ACTIVE is not None
+
+
+@contextlib.contextmanager
+def budget(budget: int | str | None, **options: object) -> Iterator[None]:
+    """Scoped budget. Inside an enabled scope it replaces the budget (the inner one wins) until exit."""
+    f = _front._ACTIVE
+    if f is None:
+        enable(budget, **options)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            disable()
+        return
+    if options:
+        raise ValueError(f"torch_dtr: options {sorted(options)} can only be set by the outermost scope")
+    old = f.rt.budget
+    with f.lock:
+        f.rt.budget = parse_budget(budget)
+        f.rt.reserve(0)
+    try:
+        yield
+    finally:
+        with f.lock:
+            f.rt.budget = old
+
+
+def stats() -> Stats:
+    """Counters of the enabled runtime (or of the last one, after ``disable()``)."""
+    f = _front._ACTIVE or _LAST
+    if f is None:
+        return Stats(None, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0)
+    with f.lock:
+        f.drain()
+        return f.rt.stats()
+
+
+def reset_peak() -> None:
+    f = _front._ACTIVE or _LAST
+    if f is not None:
+        with f.lock:
+            f.drain()
+            f.rt.reset_peak()
+
+
+def unwrap(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor with ``t``'s value (recomputed if evicted). A plain tensor comes back unchanged.
+
+    The plain tensor shares memory with the managed one, so that storage is pinned (never evicted again).
+    """
+    if type(t) is not DTRTensor:
+        return t
+    cell = t._cell
+    with _disable_current_modes(), torch.no_grad():
+        v = cell.front.value(cell)
+        with cell.front.lock:
+            cell.front.rt.pin(cell.storage)
+    return v
+
+
+def peek(t: torch.Tensor) -> torch.Tensor:
+    """Like ``unwrap`` but for a moment's use (printing): the storage is not pinned."""
+    if type(t) is not DTRTensor:
+        return t
+    cell = t._cell
+    with _disable_current_modes(), torch.no_grad():
+        return cell.front.value(cell)
+
+
+def runtime():  # noqa: ANN201 - for tests and tools
+    """The core runtime of the enabled front end (or the last one)."""
+    f = _front._ACTIVE or _LAST
+    return None if f is None else f.rt

@@ -1,0 +1,400 @@
+"""The PyTorch front end: every aten op of the program passes through ``Front.run`` while enabled.
+
+# NOTE [ Managed vs constant ]
+#
+# 1. While enabled, an op's outputs are managed (wrapped in ``DTRTensor``, recorded, evictable) when one
+#    of its inputs is managed, or requires grad while grad mode is on.
+# 2. Everything else stays plain and is a constant: parameters, buffers, inputs, whatever was created
+#    outside. Constants are never evicted; their storages count against the budget once seen as an input
+#    of a managed op (NOTE [ Budget accounting ]), until the last tensor seen on them dies.
+# 3. A view of a constant and an in-place write to a constant stay plain.
+# 4. Gradients accumulated into plain leaves (``p.grad``) are handed back plain by a post-accumulate-grad
+#    hook on each leaf seen, so optimizers (foreach and fused paths too) run on plain tensors.
+#
+# NOTE [ Threads ]
+#
+# 1. Autograd may run backward on a worker thread (one per device on CUDA). Every entry into the runtime
+#    holds ``Front.lock`` (re-entrant: a rematerialization may run ops of its own).
+# 2. Handles die whenever Python frees an object, possibly on another thread or in the middle of the
+#    runtime's bookkeeping; their drops are queued (``Front.pending``, a thread-safe deque) and drained
+#    under the lock at the start of the next managed op or ``stats()``.
+# 3. A thread that does not see the dispatch mode still reaches ``DTRTensor.__torch_dispatch__`` for
+#    managed tensors, which routes to the enabled front end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..core import Runtime, Storage
+from ..core.policies import Policy
+from .funcinfo import FuncInfo, info
+from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, rng_state, run_with_rng
+from .tensor import Cell, DTRTensor, geometry
+
+_ACTIVE: Front | None = None  # the enabled front end, if any
+
+
+def _classify(xs: Any) -> int:
+    """2 if a managed tensor is among ``xs`` (one level of lists), 1 if a tensor that requires grad, else 0."""
+    r = 0
+    for a in xs:
+        t = type(a)
+        if t is DTRTensor:
+            return 2
+        if t is list or t is tuple:
+            for b in a:
+                if type(b) is DTRTensor:
+                    return 2
+                if r == 0 and isinstance(b, torch.Tensor) and b.requires_grad:
+                    r = 1
+        elif r == 0 and isinstance(a, torch.Tensor) and a.requires_grad:
+            r = 1
+    return r
+
+
+def _key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device)
+    if type(x) is list or type(x) is tuple:
+        return tuple(_key(y) for y in x)
+    return x
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if type(x) is list or type(x) is tuple:
+        return type(x)(_to_meta(y) for y in x)
+    return x
+
+
+def _bound(args: Any) -> int:
+    """An upper bound on the bytes of an op whose output size depends on the data (nonzero, unique...)."""
+    total = 0
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * 8 * max(3, x.dim())
+        elif type(x) is list or type(x) is tuple:
+            total += _bound(x)
+    return total
+
+
+class Front:
+    """One enabled session: the core runtime plus everything torch-specific around it."""
+
+    def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
+                 min_evict_bytes: int | None) -> None:
+        extra = None
+        if torch.cuda.is_available():
+            extra = torch.cuda.memory_allocated
+        self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
+                          extra_usage=extra)
+        self.lock = threading.RLock()
+        self.pending: deque[Any] = deque()
+        self.const_ids: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
+        self.const_keys: dict[tuple[int, int], int] = {}  # storage (ptr, nbytes) -> tensors seen on it
+        self.hooks: dict[int, tuple[weakref.ref, Any]] = {}
+        self.meta_cache: dict[Any, int] = {}
+        self.mode = _Mode(self)
+
+    # ------------------------------------------------------------------ queued handle drops
+    def drain(self) -> None:
+        rt, pending = self.rt, self.pending
+        while pending:
+            item = pending.popleft()
+            if type(item) is Storage:
+                rt.drop_ref(item)
+            else:  # a constant tensor died
+                ident, wr, key = item
+                entry = self.const_ids.get(ident)
+                if entry is not None and entry[0] is wr:
+                    del self.const_ids[ident]
+                n = self.const_keys[key] - 1
+                if n:
+                    self.const_keys[key] = n
+                else:
+                    del self.const_keys[key]
+                    rt.remove_constant(key[1])
+
+    # ------------------------------------------------------------------ constants
+    def constant(self, c: torch.Tensor) -> None:
+        entry = self.const_ids.get(id(c))
+        if entry is not None and entry[0]() is c:
+            return
+        if c.device.type == "meta":
+            return
+        st = c.untyped_storage()
+        key = (st.data_ptr(), st.nbytes())
+        ident = id(c)
+        pending = self.pending
+
+        def died(wr: weakref.ref, ident: int = ident, key: tuple[int, int] = key) -> None:
+            pending.append((ident, wr, key))
+
+        wr = weakref.ref(c, died)
+        self.const_ids[ident] = (wr, key)
+        n = self.const_keys.get(key, 0)
+        if n == 0:
+            self.rt.add_constant(key[1])
+        self.const_keys[key] = n + 1
+        if c.requires_grad and c.is_leaf and ident not in self.hooks:
+            self.hooks[ident] = (weakref.ref(c), c.register_post_accumulate_grad_hook(_plain_grad))
+
+    # ------------------------------------------------------------------ templates
+    def scan(self, x: Any, refs: list[Ref], consts: list[torch.Tensor]) -> Any:
+        t = type(x)
+        if t is DTRTensor:
+            cell = x._cell
+            s = cell.storage if cell.storage.forward is None else cell.current()
+            r = Ref(s, cell.geom)
+            refs.append(r)
+            return r
+        if t is list or t is tuple:
+            if any(isinstance(y, torch.Tensor) for y in x):
+                return t(self.scan(y, refs, consts) for y in x)
+            return x
+        if isinstance(x, torch.Tensor):
+            consts.append(x)
+        return x
+
+    def predict(self, fi: FuncInfo, args: tuple, kwargs: dict) -> int:
+        """Bytes of the fresh outputs of ``fi.func(*args, **kwargs)``, inferred on meta tensors and cached."""
+        if fi.dynamic_shape:
+            return _bound(args)
+        try:
+            key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
+            hit = self.meta_cache.get(key)
+        except TypeError:  # an unhashable argument
+            key, hit = None, None
+        if hit is not None:
+            return hit
+        try:
+            mk = {k: _to_meta(v) for k, v in kwargs.items() if k != "generator"}
+            out = flat_outputs(fi.func(*_to_meta(args), **mk))
+        except Exception:
+            fi.dynamic_shape = True
+            return _bound(args)
+        rets = fi.returns
+        nbytes = 0
+        for i, o in enumerate(out):
+            if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None:
+                nbytes += o.untyped_storage().nbytes()
+        if key is not None:
+            self.meta_cache[key] = nbytes
+        return nbytes
+
+    # ------------------------------------------------------------------ the per-op path
+    def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        fi = info(func)
+        with self.lock:
+            if self.pending:
+                self.drain()
+            rt = self.rt
+            refs: list[Ref] = []
+            consts: list[torch.Tensor] = []
+            targs = self.scan(args, refs, consts)
+            tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
+            locked: list[Storage] = []
+            try:
+                for r in refs:  # lock what is resident, then rematerialize the rest
+                    s = r.storage
+                    if s.resident:
+                        s.locks += 1
+                        locked.append(s)
+                for r in refs:
+                    s = r.storage
+                    if not s.resident:
+                        rt.rematerialize(s)
+                        s.locks += 1
+                        locked.append(s)
+                for c in consts:
+                    self.constant(c)
+                return self._run_locked(fi, args, kwargs, targs, tkwargs, refs, consts)
+            finally:
+                for s in locked:
+                    s.locks -= 1
+
+    def _run_locked(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict,
+                    refs: list[Ref], consts: list[torch.Tensor]) -> Any:
+        rt = self.rt
+        # in-place writes to managed storages (NOTE [ In-place mutation ])
+        cow: list[Storage] = []
+        override: dict[Storage, torch.Tensor] | None = None
+        for m in fi.mutated:
+            r = fi.arg(m, targs, tkwargs)
+            if type(r) is Ref and r.storage not in cow:
+                cow.append(r.storage)
+        need = 0
+        if any(ret is None for ret in fi.returns):
+            need = self.predict(fi, fill(targs, None, frozenset()), fill(tkwargs, None, frozenset()))
+        copies = [s for s in cow if s.op is None and s.deps > 0]
+        need += sum(s.nbytes for s in copies)
+        rt.reserve(need)
+        if copies:
+            override = {s: clone_storage(s.payload) for s in copies}
+        pargs = fill(targs, override, frozenset())
+        pkwargs = {k: fill(v, override, frozenset()) for k, v in tkwargs.items()} if tkwargs else {}
+        versions = [c._version for c in consts]
+        rng = rng_state(pargs, pkwargs) if fi.random else None
+        t0 = time.perf_counter()
+        if rng is not None:
+            out = run_with_rng(rng, fi.func, pargs, pkwargs)
+        else:
+            out = fi.func(*pargs, **pkwargs)
+        cost = time.perf_counter() - t0
+        rt.ops += 1
+
+        flat = flat_outputs(out)
+        rets = fi.returns
+        replayable = fi.replayable
+        if replayable and fi.cross_device and refs:
+            dev = refs[0].storage.payload.device
+            replayable = all(not isinstance(o, torch.Tensor) or o.device == dev for o in flat)
+        fresh = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None]
+        if fi.view_unannotated and fresh:  # an unannotated alias of an input: treat it as a view
+            ptrs = {r.storage.payload.untyped_storage().data_ptr(): r for r in refs}
+            aliased = {i: ptrs.get(flat[i].untyped_storage().data_ptr()) for i in fresh}
+            fresh = [i for i in fresh if aliased[i] is None]
+        else:
+            aliased = {}
+        written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
+
+        op = None
+        if fresh or written:
+            ins = [r.storage for r in refs]
+            if replayable:
+                scratch = frozenset(id(c) for c, v in zip(consts, versions, strict=True) if c._version != v)
+                kept = [(c, c._version) for c in consts if id(c) not in scratch]
+                recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(s for s in written))
+                op = rt.record(ins, cost, recipe, fi.name)
+            else:
+                rt.clock += cost
+                for s in ins:
+                    s.last_access = rt.clock
+        else:
+            now = rt.clock
+            for r in refs:
+                r.storage.last_access = now
+
+        # fresh outputs: one storage per distinct buffer
+        results: list[Any] = list(flat)
+        by_ptr: dict[int, tuple[Storage, torch.Tensor]] = {}
+        for i in fresh:
+            o = flat[i]
+            st = o.untyped_storage()
+            ptr = st.data_ptr()
+            hit = by_ptr.get(ptr) if ptr else None
+            if hit is None:
+                s = rt.output(op, st.nbytes(), o)
+                if op is not None:
+                    op.compute.outs.append(i)  # type: ignore[union-attr]
+                by_ptr[ptr] = (s, o)
+                results[i] = DTRTensor(Cell(self, s, None), o)
+            else:
+                s, payload = hit
+                results[i] = DTRTensor(Cell(self, s, geometry(o, payload)), o)
+        # new versions of storages written in place
+        for s in written:
+            if op is not None:
+                op.compute.outs.append(s)  # type: ignore[union-attr]
+            rt.new_version(s, op, override.get(s) if override else None)
+        # views and in-place returns
+        for i, o in enumerate(flat):
+            if i in aliased and aliased[i] is not None:
+                r = aliased[i]
+                results[i] = DTRTensor(Cell(self, r.storage.forward or r.storage, geometry(o, r.storage.payload or o)), o)
+                continue
+            ret = rets[min(i, len(rets) - 1)] if rets else None
+            if ret is None or not isinstance(o, torch.Tensor):
+                continue
+            r = fi.arg(ret[:2], targs, tkwargs)
+            if ret[2]:  # written in place: hand back the caller's own object
+                results[i] = fi.arg(ret[:2], args, kwargs) if not isinstance(r, list) else o
+            elif type(r) is Ref:
+                s = r.storage
+                while s.forward is not None:
+                    s = s.forward
+                results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
+            elif isinstance(r, list):  # a list return aliasing a list argument (rare): keep plain
+                continue
+        if rt.budget is not None and rt.memory.tracked > rt.budget:  # a size prediction fell short
+            rt.reserve(0)
+        if isinstance(out, torch.Tensor):
+            return results[0]
+        if isinstance(out, (tuple, list)):
+            it = iter(results)
+            rebuilt = [type(o)(next(it) for _ in o) if isinstance(o, (tuple, list)) else next(it) for o in out]
+            return type(out)(rebuilt)
+        return out
+
+    # ------------------------------------------------------------------ values
+    def value(self, cell: Cell) -> torch.Tensor:
+        with self.lock:
+            if self.pending:
+                self.drain()
+            s = cell.current()
+            if not s.resident:
+                self.rt.rematerialize(s)
+            from .tensor import view_of
+
+            return view_of(s.payload, cell.geom)
+
+    def close(self) -> None:
+        for wr, handle in self.hooks.values():
+            if wr() is not None:
+                handle.remove()
+        self.hooks.clear()
+        self.meta_cache.clear()
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, front: Front) -> None:
+        super().__init__()
+        self.front = front
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        c = _classify(args)
+        if c != 2 and kwargs:
+            c = max(c, _classify(kwargs.values()))
+        if c == 2 or (c == 1 and torch.is_grad_enabled()):
+            return self.front.run(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _plain_grad(p: torch.Tensor) -> None:
+    g = p.grad
+    if type(g) is DTRTensor:
+        from .api import unwrap
+
+        p.grad = unwrap(g)
+
+
+def dispatch_without_mode(func: Any, args: tuple, kwargs: dict) -> Any:
+    """An op on managed tensors that reached the subclass: no mode on this thread, or disabled."""
+    front = _ACTIVE
+    if front is not None:
+        return front.run(func, args, kwargs)
+    from .api import unwrap
+
+    def plain(x: Any) -> Any:
+        if type(x) is DTRTensor:
+            return unwrap(x)
+        if type(x) is list or type(x) is tuple:
+            return type(x)(plain(y) for y in x)
+        return x
+
+    return func(*plain(args), **{k: plain(v) for k, v in kwargs.items()})
+
+
+def set_active(front: Front | None) -> None:
+    global _ACTIVE
+    _ACTIVE = front

@@ -1,0 +1,75 @@
+"""What the front end needs to know about an aten operator, read once from its schema and tags."""
+
+from __future__ import annotations
+
+import torch
+
+_RANDOM = torch.Tag.nondeterministic_seeded
+# ops that alias an input without saying so in their schema
+_UNANNOTATED_VIEWS = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put"}
+# ops whose outputs we never evict: replaying them would repeat a side effect or cross devices
+_NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense"}
+# ops that may copy across devices: replayable only when the output stays on the input's device
+_MAY_CROSS_DEVICE = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"}
+
+
+class FuncInfo:
+    """Schema facts about one OpOverload.
+
+    - ``returns[i]``: ``None`` for a fresh output, else ``(arg_pos, arg_name, writes)``: output ``i``
+      aliases that argument, and ``writes`` says the op wrote it in place (``add_``, ``out=``).
+    - ``mutated``: ``(arg_pos, arg_name)`` of every argument the schema marks as written.
+    - ``random``: the op draws random numbers (replay its generator state when recomputing).
+    - ``replayable``: running it again has no effect beyond its outputs.
+    - ``cross_device``: may copy to another device; then its outputs are not replayable.
+    - ``view_unannotated``: may alias an input without the schema saying so (checked by data pointer).
+    """
+
+    __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
+                 "dynamic_shape", "arg_names", "cross_device")
+
+    def __init__(self, func: torch._ops.OpOverload) -> None:
+        schema = func._schema
+        self.func = func
+        self.name = str(func)
+        args = schema.arguments
+        self.arg_names = tuple(a.name for a in args)
+        positional = [a for a in args if not a.kwarg_only]
+
+        def where(a: torch._C.Argument) -> tuple[int, str]:
+            pos = positional.index(a) if not a.kwarg_only else 1 << 30
+            return pos, a.name
+
+        self.mutated = tuple(where(a) for a in args if a.alias_info is not None and a.alias_info.is_write)
+        rets: list[tuple[int, str, bool] | None] = []
+        for r in schema.returns:
+            ai = r.alias_info
+            if ai is None:
+                rets.append(None)
+                continue
+            match = [a for a in args if a.alias_info is not None and (a.alias_info.before_set & ai.before_set)]
+            if not match:
+                match = [a for a in args if a.alias_info is not None]
+            a = match[0]
+            rets.append((*where(a), bool(a.alias_info.is_write)))
+        self.returns = tuple(rets)
+        self.random = _RANDOM in func.tags
+        packet = func._overloadpacket.__name__
+        self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE
+        self.view_unannotated = packet in _UNANNOTATED_VIEWS
+        self.cross_device = packet in _MAY_CROSS_DEVICE
+        self.dynamic_shape = False  # set when meta inference fails (data-dependent output size)
+
+    def arg(self, pos_name: tuple[int, str], args: tuple, kwargs: dict) -> object:
+        pos, name = pos_name
+        return args[pos] if pos < len(args) else kwargs.get(name)
+
+
+_INFOS: dict[torch._ops.OpOverload, FuncInfo] = {}
+
+
+def info(func: torch._ops.OpOverload) -> FuncInfo:
+    fi = _INFOS.get(func)
+    if fi is None:
+        fi = _INFOS[func] = FuncInfo(func)
+    return fi

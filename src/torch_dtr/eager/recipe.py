@@ -1,0 +1,163 @@
+"""Recipes: how to run a recorded aten call again, with the same inputs, randomness and constants.
+
+# NOTE [ RNG replay ]
+#
+# 1. An op tagged ``nondeterministic_seeded`` (dropout's ``bernoulli_``, ``native_dropout``, ``randn_like``,
+#    ...) saves the state of the generator it draws from right before it first runs: the ``generator=``
+#    argument when given, else the default generator of the op's device (CPU or that CUDA device).
+# 2. Recomputing it sets that state, runs the op, and restores the state the program had, so the replay
+#    draws exactly what the first run drew and the program's own random stream is left untouched.
+#
+# NOTE [ In-place mutation ]
+#
+# 1. Writing in place to a managed storage makes a new *version*: the new storage takes over the buffer
+#    and its bytes; the old version keeps its recipe and becomes evicted. Recipes that read the old
+#    version still recompute the value it had (copy-on-write without the copy).
+# 2. The recipe of the new version clones the old version's storage and replays the write on the clone.
+# 3. When the old version cannot be recomputed (pinned) but a live recipe still reads it, the write goes
+#    to a real copy instead, so the old value stays resident for its readers.
+# 4. A constant (parameter, buffer, input) written by a recorded op (BatchNorm's running statistics:
+#    ``native_batch_norm`` writes them without saying so in its schema) is detected by its version
+#    counter; a replay writes to a scratch clone, never to the constant. Training-mode BatchNorm does not
+#    read the running statistics, so the replayed outputs are exact.
+# 5. A replay checks that every other constant it reads still has the version it had when recorded; if
+#    the program changed it since (an optimizer step), it raises instead of computing a wrong value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..core import Storage
+from .tensor import Geom, view_of
+
+
+class Ref:
+    """A recipe's reference to one managed input: a storage version and a view of it."""
+
+    __slots__ = ("storage", "geom")
+
+    def __init__(self, storage: Storage, geom: Geom) -> None:
+        self.storage = storage
+        self.geom = geom
+
+
+class ConstantChangedError(RuntimeError):
+    pass
+
+
+def clone_storage(p: torch.Tensor) -> torch.Tensor:
+    """A copy of ``p``'s whole storage, seen with ``p``'s geometry."""
+    st = p.untyped_storage().clone()
+    return torch.empty(0, dtype=p.dtype, device=p.device).set_(st, p.storage_offset(), p.size(), p.stride())
+
+
+def fill(x: Any, override: dict[Storage, torch.Tensor] | None, scratch: frozenset[int]) -> Any:
+    """Replace every ``Ref`` in a call template by the tensor it names (inputs must be resident)."""
+    t = type(x)
+    if t is Ref:
+        s = x.storage
+        p = override.get(s) if override else None
+        return view_of(s.payload if p is None else p, x.geom)
+    if t is tuple or t is list:
+        return t(fill(y, override, scratch) for y in x)
+    if scratch and isinstance(x, torch.Tensor) and id(x) in scratch:
+        return x.clone()
+    return x
+
+
+def rng_state(args: tuple, kwargs: dict) -> tuple:
+    gen = kwargs.get("generator")
+    if gen is not None:
+        return ("gen", gen, gen.get_state())
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            dev = a.device
+            break
+    else:
+        dev = torch.device("cpu")
+    if dev.type == "cuda":
+        return ("cuda", dev, torch.cuda.get_rng_state(dev))
+    return ("cpu", None, torch.get_rng_state())
+
+
+def run_with_rng(state: tuple, func: Any, args: tuple, kwargs: dict) -> Any:
+    kind, who, saved = state
+    if kind == "gen":
+        now = who.get_state()
+        who.set_state(saved)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            who.set_state(now)
+    if kind == "cuda":
+        now = torch.cuda.get_rng_state(who)
+        torch.cuda.set_rng_state(saved, who)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            torch.cuda.set_rng_state(now, who)
+    now = torch.get_rng_state()
+    torch.set_rng_state(saved)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        torch.set_rng_state(now)
+
+
+def flat_outputs(out: Any) -> list[Any]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        flat: list[Any] = []
+        for o in out:
+            if isinstance(o, (tuple, list)):
+                flat.extend(o)
+            else:
+                flat.append(o)
+        return flat
+    return [out]
+
+
+class Recipe:
+    """The ``compute`` of a core ``Op``: replays one aten call and returns the payloads of its outputs.
+
+    ``outs[k]`` says where the payload of ``op.outputs[k]`` comes from: an int is an index into the
+    flattened outputs of the call; a ``Storage`` is an old version whose clone the call wrote in place.
+    """
+
+    __slots__ = ("func", "args", "kwargs", "rng", "consts", "scratch", "outs", "cow")
+
+    def __init__(self, func: Any, args: Any, kwargs: dict, rng: tuple | None,
+                 consts: list[tuple[torch.Tensor, int]], scratch: frozenset[int],
+                 outs: list[int | Storage], cow: tuple[Storage, ...]) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.rng = rng
+        self.consts = consts
+        self.scratch = scratch
+        self.outs = outs
+        self.cow = cow
+
+    def __call__(self) -> list[torch.Tensor]:
+        for c, v in self.consts:
+            if c._version != v:
+                raise ConstantChangedError(
+                    f"torch_dtr: cannot rematerialize the output of {self.func}: a constant it read "
+                    f"(shape {tuple(c.shape)}, {c.dtype}) was modified in place after it was recorded "
+                    f"(version {v} -> {c._version}), e.g. by an optimizer step; recomputing would give a "
+                    f"different value. Use managed tensors from before such a change only before it, or "
+                    f"keep them with torch_dtr.unwrap(t)."
+                )
+        override = {s: clone_storage(s.payload) for s in self.cow} if self.cow else None
+        args = fill(self.args, override, self.scratch)
+        kwargs = {k: fill(v, override, self.scratch) for k, v in self.kwargs.items()} if self.kwargs else {}
+        if self.rng is not None:
+            out = run_with_rng(self.rng, self.func, args, kwargs)
+        else:
+            out = self.func(*args, **kwargs)
+        flat = flat_outputs(out)
+        return [flat[o] if type(o) is int else override[o] for o in self.outs]  # type: ignore[index]

@@ -1,0 +1,125 @@
+"""The managed tensor: a wrapper subclass whose state lives in one shared cell per tensor.
+
+# NOTE [ Storage vs view ]
+#
+# 1. The core evicts and counts storages. A managed tensor is a *view* of one storage: a ``Cell`` holds
+#    the storage and the view's geometry (size, stride, storage offset, dtype), or ``None`` when the
+#    tensor is exactly the storage's payload (the common case: the op's own output).
+# 2. A view holds no memory of its own: its value is rebuilt from the storage's payload on every use
+#    (``as_strided``), so evicting a storage invalidates all its views at once and bytes are counted
+#    once per storage.
+# 3. The wrapper object carries nothing but ``_cell``. Autograd may keep another Python object for a
+#    saved tensor that shares the wrapper's ``__dict__``; both see the same cell, so state is never split.
+# 4. A cell owns one handle on its storage (``Storage.refs``). When the cell dies (every wrapper that
+#    names it is gone, autograd's saved copies included), it queues the handle drop; the front end
+#    drains the queue at the next safe point (never inside the runtime's own bookkeeping).
+# 5. After an in-place write, the storage a cell names may have a newer version (``Storage.forward``);
+#    a cell follows the chain and moves its handle, so all views see the write, while recipes keep
+#    naming the version they read (see NOTE [ In-place mutation ]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..core import Storage
+
+Geom = tuple[torch.Size, tuple[int, ...], int, torch.dtype] | None
+
+
+def geometry(t: torch.Tensor, payload: torch.Tensor) -> Geom:
+    """``None`` when ``t`` is exactly ``payload``'s view of the storage, else the geometry of ``t``."""
+    if t is payload:
+        return None
+    size, stride, off, dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
+    if (size == payload.size() and stride == payload.stride() and off == payload.storage_offset()
+            and dtype == payload.dtype):
+        return None
+    return (size, stride, off, dtype)
+
+
+def view_of(payload: torch.Tensor, geom: Geom) -> torch.Tensor:
+    if geom is None:
+        return payload
+    size, stride, off, dtype = geom
+    if dtype == payload.dtype:
+        return payload.as_strided(size, stride, off)
+    t = torch.empty(0, dtype=dtype, device=payload.device)
+    return t.set_(payload.untyped_storage(), off, size, stride)
+
+
+class Cell:
+    """The shared state of one managed tensor: which storage, which view of it."""
+
+    __slots__ = ("storage", "geom", "front", "__weakref__")
+
+    def __init__(self, front: Any, storage: Storage, geom: Geom) -> None:
+        self.front = front
+        self.storage = storage
+        self.geom = geom
+        storage.refs += 1
+
+    def current(self) -> Storage:
+        """The newest version of this cell's storage (follows in-place writes, moving the handle)."""
+        s = self.storage
+        if s.forward is None:
+            return s
+        new = s
+        while new.forward is not None:
+            new = new.forward
+        new.refs += 1
+        self.storage = new
+        self.front.rt.drop_ref(s)
+        return new
+
+    def __del__(self) -> None:
+        try:
+            self.front.pending.append(self.storage)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class DTRTensor(torch.Tensor):
+    """A tensor managed by torch_dtr: its value may be evicted and is recomputed when used."""
+
+    _cell: Cell
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, cell: Cell, like: torch.Tensor) -> DTRTensor:
+        w = torch.Tensor._make_wrapper_subclass(
+            cls, like.size(), strides=like.stride(), storage_offset=like.storage_offset(),
+            dtype=like.dtype, device=like.device, requires_grad=False,
+        )
+        w._cell = cell
+        return w
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        from .front import dispatch_without_mode
+
+        return dispatch_without_mode(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        from .api import peek
+
+        text = repr(peek(self))
+        if self.grad_fn is not None:
+            text = f"{text[:-1]}, grad_fn=<{type(self.grad_fn).__name__}>)"
+        elif self.requires_grad:
+            text = f"{text[:-1]}, requires_grad=True)"
+        return text.replace("tensor(", "dtr_tensor(", 1)
+
+    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+        from .api import unwrap
+
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        return unwrap(self).numpy(force=force)
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        from .api import peek
+
+        return peek(self).tolist()
