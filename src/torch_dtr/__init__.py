@@ -8,10 +8,10 @@
 
 from .core import BudgetError, Policy, Stats
 from .core.policies import POLICIES, register
-from .eager import DTRTensor, budget, disable, enable, enabled, parse_budget, reset_peak, stats, unwrap
+from .eager import DTRTensor, budget, disable, enable, enabled, parse_budget, reset_peak, runtime, stats, unwrap
 
 __version__ = "0.1.0"
 __all__ = [
     "POLICIES", "BudgetError", "DTRTensor", "Policy", "Stats", "budget", "disable", "enable", "enabled",
-    "parse_budget", "register", "reset_peak", "stats", "unwrap",
+    "parse_budget", "register", "reset_peak", "runtime", "stats", "unwrap",
 ]

@@ -36,8 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..core import Runtime, Storage
 from ..core.policies import Policy
 from .funcinfo import FuncInfo, info
-from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, rng_state, run_with_rng
-from .tensor import Cell, DTRTensor, geometry
+from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, rng_state
+from .tensor import Cell, DTRTensor, geometry, view_of
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 
@@ -104,8 +104,22 @@ class Front:
         self.hooks: dict[int, tuple[weakref.ref, Any]] = {}
         self.meta_cache: dict[Any, int] = {}
         self.mode = _Mode(self)
+        self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
 
     # ------------------------------------------------------------------ queued handle drops
+    def drain_if_idle(self) -> None:
+        """Drain queued handle drops now, unless the runtime is busy (then it drains at its next op)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                if not self.busy:
+                    self.busy = True
+                    try:
+                        self.drain()
+                    finally:
+                        self.busy = False
+            finally:
+                self.lock.release()
+
     def drain(self) -> None:
         rt, pending = self.rt, self.pending
         while pending:
@@ -138,6 +152,7 @@ class Front:
 
         def died(wr: weakref.ref, ident: int = ident, key: tuple[int, int] = key) -> None:
             pending.append((ident, wr, key))
+            self.drain_if_idle()
 
         wr = weakref.ref(c, died)
         self.const_ids[ident] = (wr, key)
@@ -195,32 +210,39 @@ class Front:
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         fi = info(func)
         with self.lock:
-            if self.pending:
-                self.drain()
-            rt = self.rt
-            refs: list[Ref] = []
-            consts: list[torch.Tensor] = []
-            targs = self.scan(args, refs, consts)
-            tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
-            locked: list[Storage] = []
+            was_busy, self.busy = self.busy, True
             try:
-                for r in refs:  # lock what is resident, then rematerialize the rest
-                    s = r.storage
-                    if s.resident:
-                        s.locks += 1
-                        locked.append(s)
-                for r in refs:
-                    s = r.storage
-                    if not s.resident:
-                        rt.rematerialize(s)
-                        s.locks += 1
-                        locked.append(s)
-                for c in consts:
-                    self.constant(c)
-                return self._run_locked(fi, args, kwargs, targs, tkwargs, refs, consts)
+                if self.pending:
+                    self.drain()
+                return self._run(fi, args, kwargs)
             finally:
-                for s in locked:
-                    s.locks -= 1
+                self.busy = was_busy
+
+    def _run(self, fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
+        rt = self.rt
+        refs: list[Ref] = []
+        consts: list[torch.Tensor] = []
+        targs = self.scan(args, refs, consts)
+        tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
+        locked: list[Storage] = []
+        try:
+            for r in refs:  # lock what is resident, then rematerialize the rest
+                s = r.storage
+                if s.resident:
+                    s.locks += 1
+                    locked.append(s)
+            for r in refs:
+                s = r.storage
+                if not s.resident:
+                    rt.rematerialize(s)
+                    s.locks += 1
+                    locked.append(s)
+            for c in consts:
+                self.constant(c)
+            return self._run_locked(fi, args, kwargs, targs, tkwargs, refs, consts)
+        finally:
+            for s in locked:
+                s.locks -= 1
 
     def _run_locked(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict,
                     refs: list[Ref], consts: list[torch.Tensor]) -> Any:
@@ -245,10 +267,7 @@ class Front:
         versions = [c._version for c in consts]
         rng = rng_state(pargs, pkwargs) if fi.random else None
         t0 = time.perf_counter()
-        if rng is not None:
-            out = run_with_rng(rng, fi.func, pargs, pkwargs)
-        else:
-            out = fi.func(*pargs, **pkwargs)
+        out = fi.func(*pargs, **pkwargs)  # the first run draws from the program's stream and advances it
         cost = time.perf_counter() - t0
         rt.ops += 1
 
@@ -338,14 +357,16 @@ class Front:
     # ------------------------------------------------------------------ values
     def value(self, cell: Cell) -> torch.Tensor:
         with self.lock:
-            if self.pending:
-                self.drain()
-            s = cell.current()
-            if not s.resident:
-                self.rt.rematerialize(s)
-            from .tensor import view_of
-
-            return view_of(s.payload, cell.geom)
+            was_busy, self.busy = self.busy, True
+            try:
+                if self.pending:
+                    self.drain()
+                s = cell.current()
+                if not s.resident:
+                    self.rt.rematerialize(s)
+                return view_of(s.payload, cell.geom)
+            finally:
+                self.busy = was_busy
 
     def close(self) -> None:
         for wr, handle in self.hooks.values():

@@ -11,8 +11,9 @@
 # 3. The wrapper object carries nothing but ``_cell``. Autograd may keep another Python object for a
 #    saved tensor that shares the wrapper's ``__dict__``; both see the same cell, so state is never split.
 # 4. A cell owns one handle on its storage (``Storage.refs``). When the cell dies (every wrapper that
-#    names it is gone, autograd's saved copies included), it queues the handle drop; the front end
-#    drains the queue at the next safe point (never inside the runtime's own bookkeeping).
+#    names it is gone, autograd's saved copies included), it queues the handle drop and drains the queue
+#    at once unless the runtime is busy (on this or another thread); then the runtime drains it at its
+#    next safe point, never in the middle of its own bookkeeping.
 # 5. After an in-place write, the storage a cell names may have a newer version (``Storage.forward``);
 #    a cell follows the chain and moves its handle, so all views see the write, while recipes keep
 #    naming the version they read (see NOTE [ In-place mutation ]).
@@ -76,7 +77,9 @@ class Cell:
 
     def __del__(self) -> None:
         try:
-            self.front.pending.append(self.storage)
+            front = self.front
+            front.pending.append(self.storage)
+            front.drain_if_idle()
         except Exception:  # interpreter shutdown
             pass
 
