@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 import torch_dtr
 from torch_dtr.eager.tensor import DTRTensor
@@ -52,6 +53,7 @@ def _call(model, inputs):
 
 
 def _train(builder, opt_name: str, steps: int, on_step=None) -> RunResult:
+    dtr = torch_dtr.enabled()
     torch.manual_seed(BUILD_SEED)
     model, make_batch, loss_fn = builder()
     model.train()
@@ -82,9 +84,13 @@ def _train(builder, opt_name: str, steps: int, on_step=None) -> RunResult:
         if on_step is not None:
             on_step(step)
     assert names == list(g)
+    # stats while the model and the last batch are alive: constant_bytes counts the parameters then
+    st = torch_dtr.stats() if dtr else None
+    for p in model.parameters():
+        assert type(p) is nn.Parameter and type(p.data) is torch.Tensor, "a parameter became managed"
     params = {n: _plain(p) for n, p in model.named_parameters()}
     buffers = {n: _plain(b) for n, b in model.named_buffers()}
-    return RunResult(losses, grads, params, buffers, grad_types=grad_types)
+    return RunResult(losses, grads, params, buffers, stats=st, grad_types=grad_types)
 
 
 def run_plain(builder, opt_name: str, steps: int = 3) -> RunResult:
@@ -101,7 +107,6 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
     try:
         rt = torch_dtr.runtime()
         res = _train(builder, opt_name, steps, on_step=(lambda _s: rt.check()) if check else None)
-        res.stats = torch_dtr.stats()
         if check:
             rt.check()
     finally:

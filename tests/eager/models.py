@@ -25,15 +25,19 @@ import torch.nn.functional as F
 
 # ---------------------------------------------------------------- 1. MLP
 def mlp():
-    model = nn.Sequential(
-        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.Tanh(),
-        nn.Linear(64, 10),
-    )
+    # activations (batch 512 x width 48, eight layers) dominate the parameters, so that a budget of 30% of
+    # the unconstrained peak leaves room for evictions
+    acts = [nn.ReLU(), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.ReLU(), nn.GELU(), nn.Tanh()]
+    layers: list[nn.Module] = [nn.Linear(16, 48)]
+    for act in acts:
+        layers += [act, nn.Linear(48, 48)]
+    layers[-1] = nn.Linear(48, 10)
+    model = nn.Sequential(*layers)
 
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(16, 32, generator=g)
-        y = torch.randint(0, 10, (16,), generator=g)
+        x = torch.randn(512, 16, generator=g)
+        y = torch.randint(0, 10, (512,), generator=g)
         return (x,), y
 
     return model, make_batch, F.cross_entropy
@@ -62,9 +66,9 @@ class _CNN(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
                                   nn.ReLU(inplace=True))
-        self.block1 = _ResBlock(8)
+        self.block1 = nn.Sequential(_ResBlock(8), _ResBlock(8))
         self.down = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
-        self.block2 = _ResBlock(16)
+        self.block2 = nn.Sequential(_ResBlock(16), _ResBlock(16))
         self.drop = nn.Dropout(0.2)
         self.head = nn.Linear(16, 10)
 
@@ -103,7 +107,7 @@ class _Block(nn.Module):
 
 
 class _Transformer(nn.Module):
-    def __init__(self, vocab: int = 50, d: int = 32, heads: int = 4, layers: int = 2, seq: int = 12,
+    def __init__(self, vocab: int = 50, d: int = 32, heads: int = 4, layers: int = 2, seq: int = 32,
                  p: float = 0.1) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
@@ -127,7 +131,7 @@ def transformer():
 
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, vocab, (4, 12), generator=g)
+        ids = torch.randint(0, vocab, (8, 32), generator=g)
         return (ids,), torch.roll(ids, -1, dims=1)
 
     def loss_fn(logits, targets):
@@ -141,7 +145,7 @@ class _LSTMLoop(nn.Module):
     """Runs an ``LSTMCell`` for a number of steps read from the data, and stops early when the hidden
     state's mean magnitude (a managed value, read with ``.item()``) passes a threshold."""
 
-    def __init__(self, d_in: int = 8, d_h: int = 32, n_out: int = 5) -> None:
+    def __init__(self, d_in: int = 8, d_h: int = 48, n_out: int = 5) -> None:
         super().__init__()
         self.cell = nn.LSTMCell(d_in, d_h)
         self.head = nn.Linear(d_h, n_out)
@@ -167,9 +171,9 @@ class _LSTMLoop(nn.Module):
 def lstm_loop():
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(6, 16, 8, generator=g)
+        x = torch.randn(32, 16, 8, generator=g)
         lengths = (x[:, :, 0].abs().sum(1) * 0.7).long().clamp(4, 16)  # derived from the values
-        y = torch.randint(0, 5, (6,), generator=g)
+        y = torch.randint(0, 5, (32,), generator=g)
         return (x, lengths), y
 
     return _LSTMLoop(), make_batch, F.cross_entropy
@@ -184,58 +188,56 @@ def _random_tree(rng: random.Random, leaves: list[int]):
 
 
 class _TreeRNN(nn.Module):
-    def __init__(self, vocab: int = 30, d: int = 24, n_out: int = 3) -> None:
+    """A gated recursive network over a binary tree whose shape comes from the batch's seed. The batch
+    holds ``B`` token sequences that share the tree's shape: leaf ``i`` reads column ``i`` of the token
+    matrix, so every node is a ``(B, d)`` tensor. Every node's logits are kept until the loss."""
+
+    def __init__(self, vocab: int = 30, d: int = 32, n_out: int = 3) -> None:
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.combine = nn.Linear(2 * d, d)
         self.gate = nn.Linear(2 * d, d)
         self.node_out = nn.Linear(d, n_out)
+        self.head = nn.Linear(d, n_out)
 
-    def node(self, tree, logits):
+    def node(self, tree, tokens, logits):
         if isinstance(tree, int):
-            h = self.emb.weight[tree]  # a view of a parameter (select)
+            h = self.emb(tokens[:, tree])
         else:
-            hl = self.node(tree[0], logits)
-            hr = self.node(tree[1], logits)
-            both = torch.cat([hl, hr])
+            hl = self.node(tree[0], tokens, logits)
+            hr = self.node(tree[1], tokens, logits)
+            both = torch.cat([hl, hr], dim=1)
             g = torch.sigmoid(self.gate(both))
             h = g * torch.tanh(self.combine(both)) + (1 - g) * 0.5 * (hl + hr)
         logits.append(self.node_out(h))
         return h
 
-    def forward(self, trees):
-        roots: list[torch.Tensor] = []
-        per_node: list[torch.Tensor] = []  # every node's logits stay alive until the loss
-        for tree in trees:
-            roots.append(self.node(tree, per_node))
-        return torch.stack(roots), torch.stack(per_node)
+    def forward(self, tree, tokens):
+        per_node: list[torch.Tensor] = []
+        root = self.node(tree, tokens, per_node)
+        return self.head(root), torch.stack(per_node, 1)
 
 
 def tree_rnn():
     def make_batch(seed: int):
         rng = random.Random(seed)
-        trees = []
-        for _ in range(3):
-            n = rng.randint(5, 10)
-            trees.append(_random_tree(rng, [rng.randrange(30) for _ in range(n)]))
-        y = torch.tensor([rng.randrange(3) for _ in trees])
-        return (trees,), y
-
-    model = _TreeRNN()
-    head = nn.Linear(24, 3)
-    model.head = head
+        n = rng.randint(8, 14)
+        tree = _random_tree(rng, list(range(n)))  # shape depends on the seed
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, 30, (64, n), generator=g)
+        return (tree, tokens), torch.randint(0, 3, (64,), generator=g)
 
     def loss_fn(out, y):
-        roots, per_node = out
-        # root classification plus a small entropy-like term over every node's logits
-        return F.cross_entropy(head(roots), y) + 0.1 * torch.logsumexp(per_node, dim=1).mean()
+        root_logits, per_node = out
+        # root classification plus a small term over every node's logits
+        return F.cross_entropy(root_logits, y) + 0.1 * torch.logsumexp(per_node, dim=2).mean()
 
-    return model, make_batch, loss_fn
+    return _TreeRNN(), make_batch, loss_fn
 
 
 # ---------------------------------------------------------------- 6. mixture of experts
 class _MoE(nn.Module):
-    def __init__(self, d: int = 32, experts: int = 4, k: int = 2, hidden: int = 48, n_out: int = 6) -> None:
+    def __init__(self, d: int = 32, experts: int = 4, k: int = 2, hidden: int = 64, n_out: int = 6) -> None:
         super().__init__()
         self.inp = nn.Linear(16, d)
         self.gate = nn.Linear(d, experts)
@@ -270,8 +272,8 @@ class _MoE(nn.Module):
 def moe():
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(24, 16, generator=g)
-        return (x,), torch.randint(0, 6, (24,), generator=g)
+        x = torch.randn(256, 16, generator=g)
+        return (x,), torch.randint(0, 6, (256,), generator=g)
 
     def loss_fn(out, y):
         logits, aux = out
@@ -288,13 +290,14 @@ def gpt2():
     cfg = GPT2Config(
         vocab_size=vocab, n_positions=32, n_embd=64, n_layer=2, n_head=2,
         resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False, attn_implementation="eager",
+        bos_token_id=0, eos_token_id=0,
     )
     model = GPT2LMHeadModel(cfg)
     assert model.config._attn_implementation == "eager"
 
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, vocab, (4, 16), generator=g)
+        ids = torch.randint(0, vocab, (16, 32), generator=g)
         return {"input_ids": ids}, ids
 
     def loss_fn(out, ids):
@@ -316,7 +319,7 @@ def hf_resnet():
 
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        return {"pixel_values": torch.randn(4, 3, 32, 32, generator=g)}, torch.randint(0, 10, (4,), generator=g)
+        return {"pixel_values": torch.randn(8, 3, 32, 32, generator=g)}, torch.randint(0, 10, (8,), generator=g)
 
     def loss_fn(out, y):
         return F.cross_entropy(out.logits, y)

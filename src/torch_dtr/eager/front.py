@@ -226,17 +226,19 @@ class Front:
         tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
         locked: list[Storage] = []
         try:
+            missing = []
             for r in refs:  # lock what is resident, then rematerialize the rest
                 s = r.storage
                 if s.resident:
                     s.locks += 1
                     locked.append(s)
-            for r in refs:
-                s = r.storage
+                else:
+                    missing.append(s)
+            for s in missing:  # (rematerializing one may already have brought back another)
                 if not s.resident:
                     rt.rematerialize(s)
-                    s.locks += 1
-                    locked.append(s)
+                s.locks += 1
+                locked.append(s)
             for c in consts:
                 self.constant(c)
             return self._run_locked(fi, args, kwargs, targs, tkwargs, refs, consts)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..core import Storage
+from ..core.runtime import internal_assert
 from .tensor import Geom, view_of
 
 
@@ -60,7 +61,10 @@ def fill(x: Any, override: dict[Storage, torch.Tensor] | None, scratch: frozense
     if t is Ref:
         s = x.storage
         p = override.get(s) if override else None
-        return view_of(s.payload if p is None else p, x.geom)
+        if p is None:
+            p = s.payload
+            internal_assert(p is not None, f"input {s} is not resident when its reader runs")
+        return view_of(p, x.geom)
     if t is tuple or t is list:
         return t(fill(y, override, scratch) for y in x)
     if scratch and isinstance(x, torch.Tensor) and id(x) in scratch:

@@ -1,0 +1,116 @@
+"""Test helpers that drive ``torch_dtr.core`` the way a front end does. No torch here.
+
+    d = Driver(budget, policy)
+    c = d.const(nbytes, value)                         # a pinned constant with a handle
+    x, y = d.op([c], cost, [8, 4], lambda v: [v + 1, v * 2])
+    d.read(x)                                          # rematerializes when evicted
+    d.tick(5)                                          # advances the clock by 5, touching nothing
+    full_check(d.rt)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch_dtr.core import Runtime, Storage
+
+
+class Driver:
+    def __init__(self, budget: int | None, policy: Any = "dtr_eq", **kw: Any) -> None:
+        self.rt = Runtime(budget, policy, **kw)
+        self.events: list[tuple[str, Storage]] = []
+        self.rt.on_event = lambda kind, s: self.events.append((kind, s))
+
+    def const(self, nbytes: int, value: Any) -> Storage:
+        rt = self.rt
+        rt.reserve(nbytes)
+        s = rt.output(None, nbytes, value)
+        rt.add_ref(s)
+        return s
+
+    def op(self, inputs: Sequence[Storage], cost: float, sizes: Sequence[int],
+           fn: Callable[..., Sequence[Any]], name: str = "") -> list[Storage]:
+        """Run ``fn(*payloads of inputs)`` (one payload per size) as a front end does; new handles on the outputs."""
+        rt = self.rt
+        inputs = list(inputs)
+        locked: list[Storage] = []
+        try:
+            for s in inputs:  # lock what is resident, then rematerialize the rest (as torch_dtr.eager does)
+                if s.resident:
+                    rt.lock([s])
+                    locked.append(s)
+            for s in inputs:
+                if not s.resident:
+                    rt.rematerialize(s)
+                    rt.lock([s])
+                    locked.append(s)
+            rt.reserve(sum(sizes))
+
+            def compute() -> Sequence[Any]:
+                args = [s.payload for s in inputs]
+                assert all(s.resident for s in inputs), f"compute() ran with a non-resident input: {inputs}"
+                assert all(a is not None for a in args)
+                out = list(fn(*args))
+                assert len(out) == len(sizes)
+                return out
+
+            values = compute()
+            op = rt.record(inputs, cost, compute, name)
+            outs = [rt.output(op, n, v) for n, v in zip(sizes, values, strict=True)]
+            for o in outs:
+                rt.add_ref(o)
+        finally:
+            rt.unlock(locked)
+        return outs
+
+    def op1(self, inputs: Sequence[Storage], cost: float, nbytes: int, fn: Callable[..., Any],
+            name: str = "") -> Storage:
+        """A one-output op: ``fn`` returns the single payload."""
+        (s,) = self.op(inputs, cost, [nbytes], lambda *a: [fn(*a)], name)
+        return s
+
+    def tick(self, cost: float) -> None:
+        """Advance the clock by ``cost`` with a 0-byte op that reads nothing and whose output dies at once."""
+        rt = self.rt
+        rt.reserve(0)
+        op = rt.record([], cost, lambda: [0], "tick")
+        s = rt.output(op, 0, 0)
+        rt.add_ref(s)
+        rt.drop_ref(s)
+        assert s.released
+
+    def read(self, s: Storage) -> Any:
+        if not s.resident:
+            self.rt.rematerialize(s)
+        assert s.resident
+        return s.payload
+
+    def evicted(self, kind: str = "evict") -> list[Storage]:
+        return [s for k, s in self.events if k == kind]
+
+
+def full_check(rt: Runtime) -> None:
+    """``rt.check()`` plus bookkeeping that ``check`` does not look at."""
+    rt.check()
+    assert rt.candidate_bytes == sum(s.nbytes for s in rt.candidates)
+    for s in rt.live:
+        assert s.locks == 0, f"{s} still locked between ops"
+        assert not s.released
+        if s.resident:
+            assert s.uf is None, f"resident {s} still in a union-find set"
+        if s.pinned:
+            assert s.resident or s.forward is not None, f"pinned {s} is not resident"
+    if rt.budget is not None:
+        assert rt.memory.tracked <= rt.budget
+        assert rt.memory.peak <= rt.budget
+    if rt.policy.extra == "uf":
+        roots: dict[int, tuple[Any, float]] = {}
+        for s in rt.live:
+            if not s.resident and s.forward is None:  # evicted (not an in-place write's old version)
+                assert s.uf is not None, f"evicted {s} has no union-find node under {rt.policy.name}"
+                r = s.uf.find()
+                roots[id(r)] = (r, roots.get(id(r), (r, 0.0))[1] + s.cost)
+        for r, members in roots.values():
+            # the root holds at least the cost of its live evicted members (more only for released ones)
+            assert r.cost >= members - 1e-9 * max(1.0, members), (r.cost, members)
