@@ -8,7 +8,19 @@
 
 from .core import BudgetError, Policy, Stats
 from .core.policies import POLICIES, register
-from .eager import DTRTensor, budget, disable, enable, enabled, parse_budget, reset_peak, runtime, stats, unwrap
+
+_EAGER = ("DTRTensor", "budget", "disable", "enable", "enabled", "parse_budget", "reset_peak", "runtime", "stats",
+          "unwrap")
+
+
+def __getattr__(name: str) -> object:
+    # the eager front end imports torch; load it on first use so that ``torch_dtr.core`` (and the
+    # simulator) work without torch installed
+    if name in _EAGER:
+        from . import eager
+
+        return getattr(eager, name)
+    raise AttributeError(f"module 'torch_dtr' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 __all__ = [

@@ -31,20 +31,23 @@ class Driver:
 
     def op(self, inputs: Sequence[Storage], cost: float, sizes: Sequence[int],
            fn: Callable[..., Sequence[Any]], name: str = "") -> list[Storage]:
-        """Run ``fn(*payloads of inputs)`` (one payload per size) as a front end does; new handles on the outputs."""
+        """Run ``fn(*input payloads)`` (one payload per size) as a front end does; handles on the outputs."""
         rt = self.rt
         inputs = list(inputs)
         locked: list[Storage] = []
         try:
+            missing = []
             for s in inputs:  # lock what is resident, then rematerialize the rest (as torch_dtr.eager does)
                 if s.resident:
                     rt.lock([s])
                     locked.append(s)
-            for s in inputs:
+                else:
+                    missing.append(s)
+            for s in missing:  # rematerializing one may already have brought back another: lock it too
                 if not s.resident:
                     rt.rematerialize(s)
-                    rt.lock([s])
-                    locked.append(s)
+                rt.lock([s])
+                locked.append(s)
             rt.reserve(sum(sizes))
 
             def compute() -> Sequence[Any]:

@@ -44,7 +44,7 @@ def test_blocker_really_blocks_torch() -> None:
 
 
 def test_core_imports_and_runs_without_torch() -> None:
-    # BUG (reported): torch_dtr/__init__.py imports torch_dtr.eager (and so torch) eagerly, so
+    # Regression (was a bug): torch_dtr/__init__.py imports torch_dtr.eager (and so torch) eagerly, so
     # `import torch_dtr.core` fails whenever torch cannot be imported. Fails until the package
     # __init__ stops importing torch at import time (e.g. a lazy module __getattr__).
     p = _run(

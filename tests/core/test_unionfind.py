@@ -184,3 +184,31 @@ def test_other_policies_keep_no_union_find(policy: str) -> None:
     d2.rt.evict(b)
     assert a.uf is None and b.uf is None
     assert d2.read(b) == 4
+
+
+def test_released_members_leave_the_component() -> None:
+    # Regression (was a bug, eviction choices only): a storage released while evicted keeps
+    # its cost in its component's root, and _extra(..., "uf") also counts a released neighbour (which
+    # _evict's union and the "exact" walk both skip). Released storages can never be recomputed, so
+    # they should leave their component as rematerialized ones do.
+    d = Driver(None, "dtr_eq")
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 10, lambda v: v + 1)
+    x, y = d.op([a], 7, [10, 10], lambda v: [v, v + 1])  # x and y: two outputs of one op
+    rt.evict(x)
+    rt.drop_ref(x)  # no dependents: released
+    assert x.released and rt._extra(a, "exact") == 0
+    assert rt._extra(a, "uf") == 0, "a released neighbour still counts under 'uf'"
+
+    d = Driver(None, "dtr_eq")
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 3, 10, lambda v: v + 1)
+    b = d.op1([a], 5, 10, lambda v: v + 1)
+    e = d.op1([a], 2, 10, lambda v: v + 1)
+    rt.evict(a)
+    rt.evict(b)
+    rt.drop_ref(b)  # released while in the component {a, b}
+    assert b.released and rt._extra(e, "exact") == 3
+    assert a.uf.find().cost == 3 and rt._extra(e, "uf") == 3, "a released member's cost stays in the root"

@@ -30,6 +30,8 @@ class RunResult:
     buffers: dict[str, torch.Tensor]
     stats: Any = None  # torch_dtr.Stats for a dtr run
     grad_types: set[type] = field(default_factory=set)  # types of p.grad seen (must be plain tensors)
+    # most bytes over the budget seen right after a rematerialization allocated its outputs (dtr runs)
+    remat_overshoot: int = 0
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -88,6 +90,8 @@ def _train(builder, opt_name: str, steps: int, on_step=None) -> RunResult:
     st = torch_dtr.stats() if dtr else None
     for p in model.parameters():
         assert type(p) is nn.Parameter and type(p.data) is torch.Tensor, "a parameter became managed"
+    for n, b in model.named_buffers():
+        assert type(b) is torch.Tensor, f"buffer {n} became managed"
     params = {n: _plain(p) for n, p in model.named_parameters()}
     buffers = {n: _plain(b) for n, b in model.named_buffers()}
     return RunResult(losses, grads, params, buffers, stats=st, grad_types=grad_types)
@@ -98,59 +102,121 @@ def run_plain(builder, opt_name: str, steps: int = 3) -> RunResult:
     return _train(builder, opt_name, steps)
 
 
-def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True) -> RunResult:
-    """Train under ``torch_dtr.enable(budget)``; the model is built while enabled too (its parameters must
-    stay plain). ``check`` asserts the runtime's invariants after every step."""
+class TooMuchRecomputation(RuntimeError):
+    """A run passed its cap on rematerializations (the policy is thrashing at this budget)."""
+
+
+def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True,
+            max_remats: int | None = None) -> RunResult:
+    """Train under ``torch_dtr.enable(budget)``. The model is built while enabled (its parameters must stay
+    plain).
+
+    ``check`` runs ``runtime().check()`` (the runtime's invariants, peak <= budget included) after every step;
+    ``remat_overshoot`` records by how much tracked bytes ever passed the budget right after a
+    rematerialization (0 unless the runtime has a bug). ``max_remats`` aborts the run
+    with ``TooMuchRecomputation`` once that many recipes have been run again."""
     assert not torch_dtr.enabled()
     gc.collect()
     torch_dtr.enable(budget=budget)
+    over = [0]
     try:
         rt = torch_dtr.runtime()
-        res = _train(builder, opt_name, steps, on_step=(lambda _s: rt.check()) if check else None)
-        if check:
+
+        def on_event(kind: str, _s, rt=rt) -> None:
+            if kind != "remat":
+                return
+            if budget is not None and rt.memory.tracked > budget:
+                over[0] = max(over[0], rt.memory.tracked - budget)
+            if max_remats is not None and rt.rematerializations > max_remats:
+                raise TooMuchRecomputation(f"more than {max_remats} rematerializations at budget {budget} B")
+
+        rt.on_event = on_event
+
+        def check_now(_step: int = -1) -> None:
             rt.check()
+
+        res = _train(builder, opt_name, steps, on_step=check_now if check else None)
+        if check:
+            check_now()
     finally:
         torch_dtr.disable()
+        gc.collect()
+    res.remat_overshoot = over[0]
     return res
 
 
 # ---------------------------------------------------------------- budgets (cached per (model, optimizer))
+#
+# The eviction policy scores candidates with measured op times, so which storages get evicted varies a
+# little from run to run. Far from the minimal budget that changes nothing that matters here; near it, a
+# budget that trained once may raise BudgetError (or thrash) the next time. At low budgets some models
+# (the recurrences lstm_loop and tree_rnn) also thrash: nearly every eviction is rematerialized soon after
+# and a step takes tens of seconds. So "feasible" below means: trains for the given steps without
+# BudgetError and with at most REMAT_CAP_PER_OP rematerializations per op of the unconstrained run.
+
+REMAT_CAP_PER_OP = 4
+LADDER = (1.0, 1.05, 1.10)  # budgets tried, relative to the requested one, when a run near the minimum fails
+SEARCH_ITERS = 8
+SEARCH_TOLERANCE = 0.01  # stop bisecting when the bracket is narrower than this fraction of the peak
+
 _PEAK: dict[tuple[str, str], Any] = {}
 _MIN: dict[tuple[str, str], int] = {}
+_FEASIBLE: dict[tuple[str, str], set[int]] = {}  # budgets seen to train (any run made through here)
+_INFEASIBLE: dict[tuple[str, str], set[int]] = {}  # budgets seen to fail
 
 
-def unconstrained_stats(name: str, builder, opt_name: str):
-    key = (name, opt_name)
+def _key(builder, opt_name: str) -> tuple[str, str]:
+    return (builder.__name__, opt_name)
+
+
+def unconstrained_stats(builder, opt_name: str):
+    """Stats of a torch_dtr run with ``budget=None`` (cached): peak_bytes, constant_bytes, ops..."""
+    key = _key(builder, opt_name)
     if key not in _PEAK:
         _PEAK[key] = run_dtr(builder, opt_name, None, check=False).stats
     return _PEAK[key]
 
 
-def unconstrained_peak(builder, opt_name: str, name: str | None = None) -> int:
+def unconstrained_peak(builder, opt_name: str) -> int:
     """``stats().peak_bytes`` of a torch_dtr run without a budget (constants included)."""
-    return unconstrained_stats(name or builder.__name__, builder, opt_name).peak_bytes
+    return unconstrained_stats(builder, opt_name).peak_bytes
+
+
+def remat_cap(builder, opt_name: str) -> int:
+    return REMAT_CAP_PER_OP * unconstrained_stats(builder, opt_name).ops
+
+
+def try_budget(builder, opt_name: str, budget: int, *, check: bool = True) -> RunResult | None:
+    """``run_dtr`` under the rematerialization cap; ``None`` when the budget is not feasible. Remembers the
+    outcome to narrow later searches."""
+    key = _key(builder, opt_name)
+    try:
+        res = run_dtr(builder, opt_name, budget, check=check, max_remats=remat_cap(builder, opt_name))
+    except (torch_dtr.BudgetError, TooMuchRecomputation):
+        _INFEASIBLE.setdefault(key, set()).add(budget)
+        return None
+    _FEASIBLE.setdefault(key, set()).add(budget)
+    return res
 
 
 def feasible(builder, opt_name: str, budget: int) -> bool:
-    try:
-        run_dtr(builder, opt_name, budget, check=False)
-    except torch_dtr.BudgetError:
-        return False
-    finally:
-        gc.collect()
-    return True
+    return try_budget(builder, opt_name, budget, check=False) is not None
 
 
-def min_feasible_budget(builder, opt_name: str, name: str | None = None, iters: int = 8) -> int:
-    """The smallest budget (bytes) found by bisection on ``(constant_bytes, unconstrained peak]`` with which
-    training runs without ``BudgetError``. A budget at or below the constants can never be feasible; the
-    unconstrained peak always is."""
-    key = (name or builder.__name__, opt_name)
+def min_feasible_budget(builder, opt_name: str, iters: int = SEARCH_ITERS) -> int:
+    """The smallest feasible budget (bytes, see above) found by bisection (cached).
+
+    The bracket starts at ``(constant_bytes, unconstrained peak]`` (the constants alone fill a budget of
+    ``constant_bytes``, so it is never feasible; the peak always is), narrowed by the outcomes of earlier
+    runs at other budgets, and is halved at most ``iters`` times or until it is narrower than
+    ``SEARCH_TOLERANCE`` of the peak."""
+    key = _key(builder, opt_name)
     if key not in _MIN:
-        st = unconstrained_stats(key[0], builder, opt_name)
-        lo, hi = st.constant_bytes, st.peak_bytes  # lo infeasible (nothing left for a single output)
+        st = unconstrained_stats(builder, opt_name)
+        lo = max([st.constant_bytes, *_INFEASIBLE.get(key, ())])
+        hi = min([st.peak_bytes, *(b for b in _FEASIBLE.get(key, ()) if b > lo)])
         for _ in range(iters):
-            if hi - lo <= 1:
+            if hi - lo <= max(1, SEARCH_TOLERANCE * st.peak_bytes):
                 break
             mid = (lo + hi) // 2
             if feasible(builder, opt_name, mid):
@@ -159,3 +225,16 @@ def min_feasible_budget(builder, opt_name: str, name: str | None = None, iters: 
                 lo = mid
         _MIN[key] = hi
     return _MIN[key]
+
+
+def run_dtr_near(builder, opt_name: str, budget: int, ladder=LADDER) -> tuple[int, RunResult]:
+    """Train at ``budget``; if it is not feasible this time (run-to-run variation near the minimum, see
+    above), try the next budget of ``ladder``. Returns the budget used and the result."""
+    tried = []
+    for f in ladder:
+        b = int(budget * f)
+        res = try_budget(builder, opt_name, b)
+        if res is not None:
+            return b, res
+        tried.append(b)
+    raise torch_dtr.BudgetError(f"torch_dtr: none of the budgets {tried} B was feasible (see harness.py)")

@@ -10,8 +10,9 @@ Every builder returns ``(model, make_batch, loss_fn)``:
 The models are chosen to cover the semantics a rematerializing runtime must preserve: views and in-place
 ops (ReLU(inplace), residual adds, ``index_add_``), randomness (dropout everywhere), BatchNorm's in-place
 running statistics, data-dependent control flow and shapes (``.item()`` on managed values, ``nonzero``,
-``topk``) and many short-lived tensors (tree recursion). Each training step takes well under 0.3 s on two
-CPU cores, also under torch_dtr.
+``topk``) and many short-lived tensors (tree recursion). A plain training step takes 5-40 ms on one core;
+under torch_dtr without a budget 50-200 ms. Activations dominate the parameters, so budgets of 50% and
+30% of the unconstrained peak stay well above the constant bytes.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import torch.nn.functional as F
 
 # ---------------------------------------------------------------- 1. MLP
 def mlp():
-    # activations (batch 512 x width 48, eight layers) dominate the parameters, so that a budget of 30% of
+    # activations (batch 512 x width 48, twelve layers) dominate the parameters, so that a budget of 30% of
     # the unconstrained peak leaves room for evictions
-    acts = [nn.ReLU(), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.ReLU(), nn.GELU(), nn.Tanh()]
+    acts = [nn.ReLU(), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.ReLU(), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.ReLU(),
+            nn.GELU(), nn.Tanh()]
     layers: list[nn.Module] = [nn.Linear(16, 48)]
     for act in acts:
         layers += [act, nn.Linear(48, 48)]
@@ -66,7 +68,7 @@ class _CNN(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
                                   nn.ReLU(inplace=True))
-        self.block1 = nn.Sequential(_ResBlock(8), _ResBlock(8))
+        self.block1 = nn.Sequential(_ResBlock(8), _ResBlock(8), _ResBlock(8))
         self.down = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
         self.block2 = nn.Sequential(_ResBlock(16), _ResBlock(16))
         self.drop = nn.Dropout(0.2)
@@ -163,7 +165,9 @@ class _LSTMLoop(nn.Module):
             h = keep * h_new + (1 - keep) * h
             c = keep * c_new + (1 - keep) * c
             outs.append(h)
-            if t >= 3 and h.abs().mean().item() > 0.35:  # data-dependent early exit on a managed value
+            # data-dependent early exit on a managed value: with the harness's seeds, the three training
+            # steps stop after 9 of 10, 7 of 12 and 4 of 11 steps
+            if t >= 3 and h.abs().mean().item() > 0.068:
                 break
         return self.head(torch.stack(outs, 1).mean(1))
 
@@ -236,19 +240,16 @@ def tree_rnn():
 
 
 # ---------------------------------------------------------------- 6. mixture of experts
-class _MoE(nn.Module):
-    def __init__(self, d: int = 32, experts: int = 4, k: int = 2, hidden: int = 64, n_out: int = 6) -> None:
+class _MoELayer(nn.Module):
+    def __init__(self, d: int, experts: int, k: int, hidden: int) -> None:
         super().__init__()
-        self.inp = nn.Linear(16, d)
         self.gate = nn.Linear(d, experts)
         self.experts = nn.ModuleList(
             nn.Sequential(nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, d)) for _ in range(experts)
         )
-        self.out = nn.Linear(d, n_out)
         self.k, self.n = k, experts
 
-    def forward(self, x):
-        h = torch.tanh(self.inp(x))  # (tokens, d)
+    def forward(self, h):
         probs = torch.softmax(self.gate(h), dim=-1)
         w, idx = torch.topk(probs, self.k, dim=-1)  # data-dependent routing
         w = w / w.sum(-1, keepdim=True)
@@ -266,7 +267,25 @@ class _MoE(nn.Module):
         # load-balancing auxiliary loss: routed-token counts (scatter_add) times mean gate probability
         counts = torch.zeros(self.n).scatter_add(0, flat_idx, torch.ones_like(flat_w))
         aux = self.n * (counts / flat_idx.numel() * probs.mean(0)).sum()
-        return self.out(h + y), aux
+        return h + y, aux
+
+
+class _MoE(nn.Module):
+    def __init__(self, d: int = 32, experts: int = 4, k: int = 2, hidden: int = 64, n_out: int = 6,
+                 layers: int = 2) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, d)
+        self.layers = nn.ModuleList(_MoELayer(d, experts, k, hidden) for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, n_out)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))  # (tokens, d)
+        aux = 0
+        for layer in self.layers:
+            h, a = layer(h)
+            aux = aux + a
+        return self.out(self.norm(h)), aux
 
 
 def moe():
@@ -289,7 +308,8 @@ def gpt2():
     vocab = 100
     cfg = GPT2Config(
         vocab_size=vocab, n_positions=32, n_embd=64, n_layer=2, n_head=2,
-        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False, attn_implementation="eager",
+        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, n_inner=128, use_cache=False,
+        attn_implementation="eager",
         bos_token_id=0, eos_token_id=0,
     )
     model = GPT2LMHeadModel(cfg)
@@ -309,17 +329,20 @@ def gpt2():
 
 # ---------------------------------------------------------------- 8. ResNet (Hugging Face, random weights)
 def hf_resnet():
+    # The stem (7x7 conv, BatchNorm, max pool at 16x16) has the largest tensors, and its backward needs
+    # about 40% of the unconstrained peak: 30% is below the minimal budget (the test raises it).
     from transformers import ResNetConfig, ResNetForImageClassification
 
     cfg = ResNetConfig(
-        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+        num_channels=3, embedding_size=8, hidden_sizes=[16, 16], depths=[3, 3], layer_type="basic",
         num_labels=10, downsample_in_first_stage=False,
     )
     model = ResNetForImageClassification(cfg)
 
     def make_batch(seed: int):
         g = torch.Generator().manual_seed(seed)
-        return {"pixel_values": torch.randn(8, 3, 32, 32, generator=g)}, torch.randint(0, 10, (8,), generator=g)
+        pixels = torch.randn(16, 3, 32, 32, generator=g)
+        return {"pixel_values": pixels}, torch.randint(0, 10, (16,), generator=g)
 
     def loss_fn(out, y):
         return F.cross_entropy(out.logits, y)

@@ -146,6 +146,9 @@ class Runtime:
         s.refs += 1
 
     def drop_ref(self, s: Storage) -> None:
+        """One handle on ``s`` died. Handles on an old version count on its newest (``new_version``)."""
+        while s.forward is not None:
+            s = s.forward
         s.refs -= 1
         internal_assert(s.refs >= 0, f"negative handle count on {s}")
         if s.refs == 0:
@@ -166,6 +169,7 @@ class Runtime:
             s.released = True
             if s.resident:
                 self._unresident(s)
+            self._leave_component(s)
             s.payload = None
             self.live.pop(s, None)
             if self.on_event:
@@ -206,12 +210,13 @@ class Runtime:
         still recompute the value it had. With ``payload`` the write went to a copy (``old`` cannot be
         recomputed but is still read): ``old`` stays resident and the copy is counted as new bytes.
         ``op=None``: the write cannot be replayed, so the new storage is pinned. Handles naming ``old``
-        follow ``old.forward``.
+        now name the new version: they move with ``old.forward`` (``drop_ref`` follows it), so the newest
+        version lives as long as any of them, and ``old`` only as long as recipes read it.
         """
         internal_assert(old.resident and not old.released, f"in-place write to non-resident {old}")
         if payload is not None:
             new = self.output(op, old.nbytes, payload)
-            old.forward = new
+            self._move_refs(old, new)
             return new
         new = Storage(self.next_sid, old.nbytes, old.payload, op, op is None)
         self.next_sid += 1
@@ -228,8 +233,15 @@ class Runtime:
         if not new.pinned:
             self.candidates[new] = None
             self.candidate_bytes += new.nbytes
-        old.forward = new
+        self._move_refs(old, new)
         return new
+
+    def _move_refs(self, old: Storage, new: Storage) -> None:
+        old.forward = new
+        new.refs += old.refs
+        old.refs = 0
+        if old.deps == 0:
+            self._release(old)
 
     def pin(self, s: Storage) -> None:
         """Never evict ``s`` from now on (its memory is shared with something the runtime cannot see)."""
@@ -307,7 +319,7 @@ class Runtime:
 
     def _extra(self, s: Storage, kind: str) -> float:
         if kind == "uf":
-            roots = {n.uf.find() for n in s.neighbours() if n.uf is not None and not n.resident}
+            roots = {n.uf.find() for n in s.neighbours() if n.uf is not None and not n.resident and not n.released}
             return sum(r.cost for r in roots)
         if kind == "exact":
             return sum(n.cost for n in self._evicted_component(s.neighbours()))
@@ -355,45 +367,52 @@ class Runtime:
     def rematerialize(self, target: Storage) -> None:
         """Make ``target`` resident again, recomputing evicted inputs first (an explicit stack, no recursion).
 
-        A frame locks each input of its recipe as soon as it is resident, so rematerializing a sibling
-        input cannot evict it again; all locks are dropped when the frame's recipe has run (or on error).
+        A frame locks each input of its recipe as soon as it is resident, and a frame that brought its
+        storage back hands it, locked, to the frame that asked for it; so rematerializing one input cannot
+        evict a sibling input again. All locks are dropped when the frame's recipe has run (or on error).
+        Recipes form a DAG (inputs are older than outputs), so the stack empties.
         """
         if target.resident:
             return
-        frames: list[tuple[Storage, list[Storage]]] = [(target, [])]
+        # frame: [storage, locks held for its recipe, index of the frame that asked for it]
+        frames: list[tuple[Storage, list[Storage], int]] = [(target, [], -1)]
         try:
             while frames:
-                s, held = frames[-1]
-                if s.resident:
-                    frames.pop()
-                    self.unlock(held)
-                    continue
-                op = s.op
-                internal_assert(op is not None and op.compute is not None and not s.released,
-                                f"cannot rematerialize {s}: it has no recipe")
-                missing = []
-                for i in op.inputs:
-                    if i.resident:
-                        if i not in held:
-                            i.locks += 1
-                            held.append(i)
-                    else:
-                        missing.append(i)
-                if missing:  # recipes form a DAG (inputs are older than outputs), so this ends
-                    frames.extend((i, []) for i in missing)
-                    internal_assert(len(frames) <= 2 * len(self.live) + 2, "rematerialization does not end")
-                    continue
-                self._recompute(op)
+                s, held, parent = frames[-1]
+                if not s.resident:
+                    op = s.op
+                    internal_assert(op is not None and op.compute is not None and not s.released,
+                                    f"cannot rematerialize {s}: it has no recipe")
+                    missing = []
+                    for i in op.inputs:
+                        if i.resident:
+                            if i.locks == 0 or i not in held:
+                                i.locks += 1
+                                held.append(i)
+                        else:
+                            missing.append(i)
+                    if missing:
+                        me = len(frames) - 1
+                        frames.extend((i, [], me) for i in missing)
+                        continue
+                    self._recompute(op)
                 frames.pop()
                 self.unlock(held)
+                if parent >= 0:
+                    s.locks += 1
+                    frames[parent][1].append(s)
         except BaseException:
-            for _, held in frames:
+            for _, held, _ in frames:
                 self.unlock(held)
             raise
 
     def _recompute(self, op: Op) -> None:
-        need = sum(o.nbytes for o in op.outputs if not o.resident and not o.released)
-        self.reserve(need)
+        siblings = [o for o in op.outputs if o.resident]
+        self.lock(siblings)  # reserve() must not evict an output that compute() is about to bring back
+        try:
+            self.reserve(sum(o.nbytes for o in op.outputs if not o.resident and not o.released))
+        finally:
+            self.unlock(siblings)
         t0 = time.perf_counter()
         payloads = op.compute()  # type: ignore[misc]
         self.remat_seconds += time.perf_counter() - t0
@@ -410,13 +429,19 @@ class Runtime:
             o.resident = True
             o.last_access = now
             self.memory.alloc(o)
-            self.candidates[o] = None
-            self.candidate_bytes += o.nbytes
-            if o.uf is not None:  # leave the evicted component; it is not split (h_DTR^eq approximation)
-                o.uf.find().cost -= o.cost
-                o.uf = None
+            if not o.pinned:
+                self.candidates[o] = None
+                self.candidate_bytes += o.nbytes
+            self._leave_component(o)
             if self.on_event:
                 self.on_event("remat", o)
+
+    @staticmethod
+    def _leave_component(s: Storage) -> None:
+        """``s`` is no longer evicted: its cost leaves its component (not split: the h_DTR^eq approximation)."""
+        if s.uf is not None:
+            s.uf.find().cost -= s.cost
+            s.uf = None
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> Stats:

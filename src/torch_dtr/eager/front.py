@@ -154,12 +154,12 @@ class Front:
             pending.append((ident, wr, key))
             self.drain_if_idle()
 
-        wr = weakref.ref(c, died)
-        self.const_ids[ident] = (wr, key)
         n = self.const_keys.get(key, 0)
         if n == 0:
-            self.rt.add_constant(key[1])
+            self.rt.add_constant(key[1])  # may raise BudgetError: register nothing before it
         self.const_keys[key] = n + 1
+        wr = weakref.ref(c, died)
+        self.const_ids[ident] = (wr, key)
         if c.requires_grad and c.is_leaf and ident not in self.hooks:
             self.hooks[ident] = (weakref.ref(c), c.register_post_accumulate_grad_hook(_plain_grad))
 
@@ -173,9 +173,7 @@ class Front:
             refs.append(r)
             return r
         if t is list or t is tuple:
-            if any(isinstance(y, torch.Tensor) for y in x):
-                return t(self.scan(y, refs, consts) for y in x)
-            return x
+            return t([self.scan(y, refs, consts) for y in x])
         if isinstance(x, torch.Tensor):
             consts.append(x)
         return x
@@ -292,7 +290,11 @@ class Front:
         if fresh or written:
             ins = [r.storage for r in refs]
             if replayable:
-                scratch = frozenset(id(c) for c, v in zip(consts, versions, strict=True) if c._version != v)
+                written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]
+                if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
+                    written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
+                                       if isinstance(c, torch.Tensor)]
+                scratch = frozenset(written_consts)
                 kept = [(c, c._version) for c in consts if id(c) not in scratch]
                 recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(s for s in written))
                 op = rt.record(ins, cost, recipe, fi.name)
@@ -330,8 +332,8 @@ class Front:
         # views and in-place returns
         for i, o in enumerate(flat):
             if i in aliased and aliased[i] is not None:
-                r = aliased[i]
-                results[i] = DTRTensor(Cell(self, r.storage.forward or r.storage, geometry(o, r.storage.payload or o)), o)
+                s = aliased[i].storage  # resident and locked: a view op writes nothing
+                results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
                 continue
             ret = rets[min(i, len(rets) - 1)] if rets else None
             if ret is None or not isinstance(o, torch.Tensor):

@@ -10,6 +10,8 @@ _UNANNOTATED_VIEWS = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put"}
 # ops whose outputs we never evict: replaying them would repeat a side effect or cross devices
 _NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense"}
 # ops that may copy across devices: replayable only when the output stays on the input's device
+# arguments that batch-norm kernels update in training mode, whether or not the schema marks them written
+_RUNNING_STATS = {"running_mean", "running_var"}
 _MAY_CROSS_DEVICE = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"}
 
 
@@ -23,10 +25,13 @@ class FuncInfo:
     - ``replayable``: running it again has no effect beyond its outputs.
     - ``cross_device``: may copy to another device; then its outputs are not replayable.
     - ``view_unannotated``: may alias an input without the schema saying so (checked by data pointer).
+    - ``hidden_writes``: ``(arg_pos, arg_name)`` of arguments the op writes in training mode although the
+      schema does not say so (``native_batch_norm``'s running statistics), with ``training`` the position
+      of the flag; see NOTE [ In-place mutation ] 4.
     """
 
     __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
-                 "dynamic_shape", "arg_names", "cross_device")
+                 "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -58,6 +63,10 @@ class FuncInfo:
         self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE
         self.view_unannotated = packet in _UNANNOTATED_VIEWS
         self.cross_device = packet in _MAY_CROSS_DEVICE
+        unmarked = [a for a in args if a.name in _RUNNING_STATS and (a.alias_info is None or not a.alias_info.is_write)]
+        train = [a for a in args if a.name == "training"]
+        self.hidden_writes = tuple(where(a) for a in unmarked) if train else ()
+        self.training = where(train[0]) if train else (1 << 30, "")
         self.dynamic_shape = False  # set when meta inference fails (data-dependent output size)
 
     def arg(self, pos_name: tuple[int, str], args: tuple, kwargs: dict) -> object:

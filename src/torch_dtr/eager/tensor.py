@@ -15,7 +15,7 @@
 #    at once unless the runtime is busy (on this or another thread); then the runtime drains it at its
 #    next safe point, never in the middle of its own bookkeeping.
 # 5. After an in-place write, the storage a cell names may have a newer version (``Storage.forward``);
-#    a cell follows the chain and moves its handle, so all views see the write, while recipes keep
+#    handles move to it at once and a cell follows the chain, so all views see the write, while recipes keep
 #    naming the version they read (see NOTE [ In-place mutation ]).
 """
 
@@ -63,17 +63,12 @@ class Cell:
         storage.refs += 1
 
     def current(self) -> Storage:
-        """The newest version of this cell's storage (follows in-place writes, moving the handle)."""
+        """The newest version of this cell's storage (follows in-place writes; the handle moved already)."""
         s = self.storage
-        if s.forward is None:
-            return s
-        new = s
-        while new.forward is not None:
-            new = new.forward
-        new.refs += 1
-        self.storage = new
-        self.front.rt.drop_ref(s)
-        return new
+        while s.forward is not None:
+            s = s.forward
+        self.storage = s
+        return s
 
     def __del__(self) -> None:
         try:
