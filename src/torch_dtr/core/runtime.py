@@ -150,7 +150,8 @@ class Runtime:
         while s.forward is not None:
             s = s.forward
         s.refs -= 1
-        internal_assert(s.refs >= 0, f"negative handle count on {s}")
+        if s.refs < 0:
+            internal_assert(False, f"negative handle count on {s}")
         if s.refs == 0:
             if s.deps == 0:
                 self._release(s)
@@ -185,6 +186,12 @@ class Runtime:
                     i.children.remove(op)
                     if i.deps == 0 and i.refs == 0:
                         work.append(i)
+                # break the storage <-> op reference cycles, so that records die by reference counting
+                # instead of waiting for (and slowing down) the cyclic garbage collector
+                for o in op.outputs:
+                    o.op = None
+                op.outputs = []
+                op.inputs = ()
 
     def _unresident(self, s: Storage) -> None:
         s.resident = False
@@ -213,7 +220,8 @@ class Runtime:
         now name the new version: they move with ``old.forward`` (``drop_ref`` follows it), so the newest
         version lives as long as any of them, and ``old`` only as long as recipes read it.
         """
-        internal_assert(old.resident and not old.released, f"in-place write to non-resident {old}")
+        if not old.resident or old.released:
+            internal_assert(False, f"in-place write to non-resident {old}")
         if payload is not None:
             new = self.output(op, old.nbytes, payload)
             self._move_refs(old, new)
@@ -342,7 +350,8 @@ class Runtime:
 
     def evict(self, s: Storage) -> None:
         """Evict ``s`` now (it must be resident, unpinned and unlocked)."""
-        internal_assert(s.resident and not s.pinned and s.locks == 0, f"cannot evict {s}")
+        if not s.resident or s.pinned or s.locks:
+            internal_assert(False, f"cannot evict {s}")
         self._evict(s)
         self.evictions += 1
 
@@ -381,8 +390,8 @@ class Runtime:
                 s, held, parent = frames[-1]
                 if not s.resident:
                     op = s.op
-                    internal_assert(op is not None and op.compute is not None and not s.released,
-                                    f"cannot rematerialize {s}: it has no recipe")
+                    if op is None or op.compute is None or s.released:
+                        internal_assert(False, f"cannot rematerialize {s}: it has no recipe")
                     missing = []
                     for i in op.inputs:
                         if i.resident:

@@ -40,6 +40,7 @@ from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, rng_state
 from .tensor import Cell, DTRTensor, geometry, view_of
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
+_EMPTY: frozenset[int] = frozenset()
 
 
 def _classify(xs: Any) -> int:
@@ -254,17 +255,19 @@ class Front:
             r = fi.arg(m, targs, tkwargs)
             if type(r) is Ref and r.storage not in cow:
                 cow.append(r.storage)
-        need = 0
-        if any(ret is None for ret in fi.returns):
-            need = self.predict(fi, fill(targs, None, frozenset()), fill(tkwargs, None, frozenset()))
-        copies = [s for s in cow if s.op is None and s.deps > 0]
-        need += sum(s.nbytes for s in copies)
-        rt.reserve(need)
+        pargs = fill(targs, None, _EMPTY) if refs else targs
+        pkwargs = {k: fill(v, None, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
+        need = self.predict(fi, pargs, pkwargs) if fi.fresh else 0
+        copies = [s for s in cow if s.op is None and s.deps > 0] if cow else None
+        if copies:
+            need += sum(s.nbytes for s in copies)
+        if rt.budget is not None:
+            rt.reserve(need)
         if copies:
             override = {s: clone_storage(s.payload) for s in copies}
-        pargs = fill(targs, override, frozenset())
-        pkwargs = {k: fill(v, override, frozenset()) for k, v in tkwargs.items()} if tkwargs else {}
-        versions = [c._version for c in consts]
+            pargs = fill(targs, override, _EMPTY)
+            pkwargs = {k: fill(v, override, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
+        versions = [c._version for c in consts] if consts else None
         rng = rng_state(pargs, pkwargs) if fi.random else None
         t0 = time.perf_counter()
         out = fi.func(*pargs, **pkwargs)  # the first run draws from the program's stream and advances it
@@ -290,13 +293,19 @@ class Front:
         if fresh or written:
             ins = [r.storage for r in refs]
             if replayable:
-                written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]
-                if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
-                    written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
-                                       if isinstance(c, torch.Tensor)]
-                scratch = frozenset(written_consts)
-                kept = [(c, c._version) for c in consts if id(c) not in scratch]
-                recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(s for s in written))
+                scratch = _EMPTY
+                kept = []
+                if consts:
+                    written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]
+                    if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
+                        written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
+                                           if isinstance(c, torch.Tensor)]
+                    if written_consts:
+                        scratch = frozenset(written_consts)
+                        kept = [(c, c._version) for c in consts if id(c) not in scratch]
+                    else:
+                        kept = [(c, c._version) for c in consts]
+                recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written))
                 op = rt.record(ins, cost, recipe, fi.name)
             else:
                 rt.clock += cost
@@ -384,6 +393,12 @@ class _Mode(TorchDispatchMode):
     def __init__(self, front: Front) -> None:
         super().__init__()
         self.front = front
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Otherwise torch wraps __torch_dispatch__ in torch._disable_dynamo: ~5 us more on every op. The
+        # runtime never compiles, and a compiled region under enable() is not supported anyway.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}

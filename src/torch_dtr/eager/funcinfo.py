@@ -31,7 +31,7 @@ class FuncInfo:
     """
 
     __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
-                 "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training")
+                 "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training", "fresh")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -58,6 +58,7 @@ class FuncInfo:
             a = match[0]
             rets.append((*where(a), bool(a.alias_info.is_write)))
         self.returns = tuple(rets)
+        self.fresh = any(r is None for r in rets)  # some output has storage of its own
         self.random = _RANDOM in func.tags
         packet = func._overloadpacket.__name__
         self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE

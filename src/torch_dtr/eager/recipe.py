@@ -63,7 +63,8 @@ def fill(x: Any, override: dict[Storage, torch.Tensor] | None, scratch: frozense
         p = override.get(s) if override else None
         if p is None:
             p = s.payload
-            internal_assert(p is not None, f"input {s} is not resident when its reader runs")
+            if p is None:
+                internal_assert(False, f"input {s} is not resident when its reader runs")
         return view_of(p, x.geom)
     if t is tuple or t is list:
         return t(fill(y, override, scratch) for y in x)
