@@ -88,7 +88,8 @@ def _spawn(kind: str, budget: int | None, steps: int) -> dict:
     cmd = [sys.executable, "-m", "torch_dtr.demo", "--worker", kind, str(budget), str(steps)]
     res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if res.returncode != 0:
-        raise RuntimeError(f"torch_dtr demo: the {kind} worker (budget {budget}) failed with exit code {res.returncode}")
+        raise RuntimeError(
+            f"torch_dtr demo: the {kind} worker (budget {budget}) failed with exit code {res.returncode}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -114,7 +115,8 @@ def main(ratios: tuple[float, ...] = (0.5, 0.3), steps: int = 4) -> int:
         same = "yes" if r["losses"] == plain["losses"] else "NO"
         print(f"{name:24s} {fmt_bytes(r['budget']) if r['budget'] else '-':>11s} "
               f"{fmt_bytes(r['peak_tracked']) if r['peak_tracked'] else '-':>13s} {fmt_bytes(r['peak_rss']):>11s} "
-              f"{r['step_s']:7.2f}s {r['step_s'] / plain['step_s']:7.2f}x {r['evictions']:9d} {r['remats']:7d} {same:>9s}")
+              f"{r['step_s']:7.2f}s {r['step_s'] / plain['step_s']:7.2f}x {r['evictions']:9d} {r['remats']:7d} "
+              f"{same:>9s}")
     print()
     print("peak tracked: bytes of live tensors (parameters, optimizer state seen as op inputs, activations), "
           "as torch-dtr counts them; peak RSS: the whole process, Python and libraries included.")

@@ -272,6 +272,24 @@ class Runtime:
             if self.on_event:
                 self.on_event("evict", victim)
 
+    def evict_some(self, nbytes: int) -> int:
+        """Evict by the policy until ``nbytes`` were freed or nothing is left to evict; return the bytes freed.
+
+        For a front end whose allocator ran out of memory although the budget was kept (fragmentation,
+        memory the runtime does not track): it evicts and retries the op before giving up.
+        """
+        freed = 0
+        while freed < nbytes:
+            victim = self._choose()
+            if victim is None:
+                break
+            self._evict(victim)
+            self.evictions += 1
+            freed += victim.nbytes
+            if self.on_event:
+                self.on_event("evict", victim)
+        return freed
+
     def _used(self) -> int:
         if self.extra_usage is None:
             return self.memory.tracked

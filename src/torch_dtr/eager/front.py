@@ -35,6 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import Runtime, Storage
 from ..core.policies import Policy
+from . import recipe as _recipe
+from .device import CudaTimer, retry_on_oom
 from .funcinfo import FuncInfo, info
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, rng_state
 from .tensor import Cell, DTRTensor, geometry, view_of
@@ -77,6 +79,12 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
+def _is_cuda(refs: list[Ref], consts: list[torch.Tensor]) -> bool:
+    if refs:
+        return refs[0].storage.payload.is_cuda
+    return bool(consts) and consts[0].is_cuda
+
+
 def _bound(args: Any) -> int:
     """An upper bound on the bytes of an op whose output size depends on the data (nonzero, unique...)."""
     total = 0
@@ -98,6 +106,10 @@ class Front:
             extra = torch.cuda.memory_allocated
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
                           extra_usage=extra)
+        self.cuda = extra is not None  # NOTE [ CUDA ]: OOM retry and event timing for ops on CUDA tensors
+        self.timer = CudaTimer() if self.cuda else None
+        if self.cuda:
+            _recipe.OOM_RUNTIME = self.rt
         self.lock = threading.RLock()
         self.pending: deque[Any] = deque()
         self.const_ids: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
@@ -261,7 +273,10 @@ class Front:
         copies = [s for s in cow if s.op is None and s.deps > 0] if cow else None
         if copies:
             need += sum(s.nbytes for s in copies)
+        on_cuda = self.cuda and _is_cuda(refs, consts)
         if rt.budget is not None:
+            if on_cuda and self.timer.pending:  # type: ignore[union-attr]
+                self.timer.resolve()  # type: ignore[union-attr]
             rt.reserve(need)
         if copies:
             override = {s: clone_storage(s.payload) for s in copies}
@@ -270,7 +285,11 @@ class Front:
         versions = [c._version for c in consts] if consts else None
         rng = rng_state(pargs, pkwargs) if fi.random else None
         t0 = time.perf_counter()
-        out = fi.func(*pargs, **pkwargs)  # the first run draws from the program's stream and advances it
+        if on_cuda:
+            start = self.timer.start()  # type: ignore[union-attr]
+            out = retry_on_oom(rt, lambda: fi.func(*pargs, **pkwargs), need, rng)
+        else:
+            out = fi.func(*pargs, **pkwargs)  # the first run draws from the program's stream and advances it
         cost = time.perf_counter() - t0
         rt.ops += 1
 
@@ -307,6 +326,8 @@ class Front:
                         kept = [(c, c._version) for c in consts]
                 recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written))
                 op = rt.record(ins, cost, recipe, fi.name)
+                if on_cuda:
+                    self.timer.stop(op, start)  # type: ignore[union-attr]
             else:
                 rt.clock += cost
                 for s in ins:
@@ -387,6 +408,8 @@ class Front:
                 handle.remove()
         self.hooks.clear()
         self.meta_cache.clear()
+        if _recipe.OOM_RUNTIME is self.rt:
+            _recipe.OOM_RUNTIME = None
 
 
 class _Mode(TorchDispatchMode):

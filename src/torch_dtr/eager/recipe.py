@@ -34,6 +34,8 @@ from ..core import Storage
 from ..core.runtime import internal_assert
 from .tensor import Geom, view_of
 
+OOM_RUNTIME: Any = None  # the enabled runtime when it runs on CUDA (NOTE [ CUDA ] 2), else None
+
 
 class Ref:
     """A recipe's reference to one managed input: a storage version and a view of it."""
@@ -160,9 +162,19 @@ class Recipe:
         override = {s: clone_storage(s.payload) for s in self.cow} if self.cow else None
         args = fill(self.args, override, self.scratch)
         kwargs = {k: fill(v, override, self.scratch) for k, v in self.kwargs.items()} if self.kwargs else {}
-        if self.rng is not None:
-            out = run_with_rng(self.rng, self.func, args, kwargs)
-        else:
-            out = self.func(*args, **kwargs)
+        try:
+            out = self._call(args, kwargs)
+        except torch.OutOfMemoryError:
+            if OOM_RUNTIME is None:
+                raise
+            from .device import retry_on_oom  # NOTE [ CUDA ] 2
+
+            need = sum(int(p.untyped_storage().nbytes()) for p in (override or {}).values())
+            out = retry_on_oom(OOM_RUNTIME, lambda: self._call(args, kwargs), need, None)
         flat = flat_outputs(out)
         return [flat[o] if type(o) is int else override[o] for o in self.outs]  # type: ignore[index]
+
+    def _call(self, args: Any, kwargs: dict) -> Any:
+        if self.rng is not None:  # run_with_rng sets the saved state on every call, retries included
+            return run_with_rng(self.rng, self.func, args, kwargs)
+        return self.func(*args, **kwargs)
