@@ -23,7 +23,20 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--ratios", type=_ratios, default=(0.5, 0.3),
                    help="budgets as fractions of the unconstrained peak (default 0.5,0.3)")
     d.add_argument("--steps", type=int, default=4, help="measured steps per contender (default 4)")
+    b = sub.add_parser("bench", help="benchmark against plain PyTorch, checkpointing and torch.compile; writes "
+                                     "benchmarks.md and plots")
+    b.add_argument("--model", action="append", choices=("gpt2", "resnet50", "lstm"),
+                   help="workload (repeatable; default: all)")
+    b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
+    b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
+    b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 2, quick 1)")
     args = p.parse_args(argv)
+    if args.cmd == "bench":
+        from .bench.run import main as bench
+
+        models = tuple(args.model or ("gpt2", "resnet50", "lstm"))
+        command = "torch-dtr " + " ".join(argv if argv is not None else sys.argv[1:])
+        return bench(models, args.quick, args.out, args.rounds, command)
     if args.cmd == "demo":
         from .demo import main as demo
 

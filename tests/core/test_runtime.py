@@ -102,7 +102,7 @@ def test_budget_error_reports_locked_bytes() -> None:
     rt.lock([a, b])
     with pytest.raises(BudgetError) as e:
         rt.reserve(30)
-    assert f"locked by the op in flight {fmt_bytes(60)}" in str(e.value)
+    assert f"locked by the op in flight and recomputations {fmt_bytes(60)}" in str(e.value)
     assert "(110 B)" in str(e.value)
     assert a.resident and b.resident and rt.evictions == 0
     rt.unlock([a, b])

@@ -105,6 +105,7 @@ class Runtime:
         self.remat_seconds = self.search_seconds = 0.0
         self.remat_cost = 0.0  # summed recipe cost of rematerializations (the simulator's overhead)
         self.on_event: Callable[[str, Storage], None] | None = None  # "evict", "remat", "drop", "release"
+        self.where = ""  # what the front end is running (for error messages)
 
     # ------------------------------------------------------------------ records
     def record(self, inputs: Sequence[Storage], cost: float, compute: Callable[[], Sequence[Any]] | None,
@@ -302,8 +303,9 @@ class Runtime:
         raise BudgetError(
             f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept: "
             f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(self.memory.constants)}, "
-            f"locked by the op in flight {fmt_bytes(locked)}, pinned or kept "
-            f"{fmt_bytes(held - self.memory.constants - locked)}) and the op needs {fmt_bytes(nbytes)} more; "
+            f"locked by the op in flight and recomputations {fmt_bytes(locked)}, pinned or kept "
+            f"{fmt_bytes(held - self.memory.constants - locked)}) and {self.where or 'the op'} needs "
+            f"{fmt_bytes(nbytes)} more; "
             f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here, e.g. "
             f"torch_dtr.enable(budget={math.ceil(need * 1.1)})"
         )
@@ -434,12 +436,14 @@ class Runtime:
             raise
 
     def _recompute(self, op: Op) -> None:
+        where, self.where = self.where, f"recomputing {op.name or 'an op'}"
         siblings = [o for o in op.outputs if o.resident]
         self.lock(siblings)  # reserve() must not evict an output that compute() is about to bring back
         try:
             self.reserve(sum(o.nbytes for o in op.outputs if not o.resident and not o.released))
         finally:
             self.unlock(siblings)
+            self.where = where
         t0 = time.perf_counter()
         payloads = op.compute()  # type: ignore[misc]
         self.remat_seconds += time.perf_counter() - t0

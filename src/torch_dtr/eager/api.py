@@ -145,10 +145,17 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     if type(t) is not DTRTensor:
         return t
     cell = t._cell
+    front = cell.front
+    if cell.geom is None:  # fast path (gradients handed to p.grad): the payload itself, if resident
+        with front.lock:
+            s = cell.current()
+            if s.resident:
+                front.rt.pin(s)
+                return s.payload
     with _disable_current_modes(), torch.no_grad():
-        v = cell.front.value(cell)
-        with cell.front.lock:
-            cell.front.rt.pin(cell.storage)
+        v = front.value(cell)
+        with front.lock:
+            front.rt.pin(cell.storage)
     return v
 
 

@@ -43,6 +43,10 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
+# predicted output bytes per (op, input shapes/strides/dtypes/devices, other args): shared by every session,
+# so that enabling again (a new Front) does not pay the meta inference again; trimmed when it grows too big
+_META_CACHE: dict[Any, int] = {}
+_META_CACHE_MAX = 200_000
 
 
 def _classify(xs: Any) -> int:
@@ -66,8 +70,9 @@ def _classify(xs: Any) -> int:
 def _key(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return (x.shape, x.stride(), x.dtype, x.device)
-    if type(x) is list or type(x) is tuple:
-        return tuple(_key(y) for y in x)
+    t = type(x)
+    if t is list or t is tuple:
+        return tuple([y if type(y) is int else _key(y) for y in x])
     return x
 
 
@@ -115,9 +120,10 @@ class Front:
         self.const_ids: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
         self.const_keys: dict[tuple[int, int], int] = {}  # storage (ptr, nbytes) -> tensors seen on it
         self.hooks: dict[int, tuple[weakref.ref, Any]] = {}
-        self.meta_cache: dict[Any, int] = {}
+        self.meta_cache = _META_CACHE
         self.mode = _Mode(self)
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
+        self.trace: list[int] | None = None  # tracked bytes after each managed op, when a tool asks for it
 
     # ------------------------------------------------------------------ queued handle drops
     def drain_if_idle(self) -> None:
@@ -277,6 +283,7 @@ class Front:
         if rt.budget is not None:
             if on_cuda and self.timer.pending:  # type: ignore[union-attr]
                 self.timer.resolve()  # type: ignore[union-attr]
+            rt.where = fi.name
             rt.reserve(need)
         if copies:
             override = {s: clone_storage(s.payload) for s in copies}
@@ -380,6 +387,8 @@ class Front:
                 continue
         if rt.budget is not None and rt.memory.tracked > rt.budget:  # a size prediction fell short
             rt.reserve(0)
+        if self.trace is not None:
+            self.trace.append(rt.memory.tracked)
         if isinstance(out, torch.Tensor):
             return results[0]
         if isinstance(out, (tuple, list)):
@@ -407,7 +416,8 @@ class Front:
             if wr() is not None:
                 handle.remove()
         self.hooks.clear()
-        self.meta_cache.clear()
+        if len(_META_CACHE) > _META_CACHE_MAX:
+            _META_CACHE.clear()
         if _recipe.OOM_RUNTIME is self.rt:
             _recipe.OOM_RUNTIME = None
 

@@ -1,0 +1,176 @@
+"""Writes ``benchmarks.md`` (tables) and PNG plots from the results of ``bench.run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MiB = 2**20
+LINES = {"plain": 0, "dtr": 2, "ckpt_block": 12, "ckpt_sqrt": 12, "compile": 3}
+TARGETS = {1.0: 1.05, 0.5: 1.15, 0.3: 1.35}
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / MiB:,.1f}"
+
+
+def write(results: dict[str, Any], out: Path) -> Path:
+    img = out / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Measured {results['date']} on {results['machine']}{' (quick run: tiny sizes)' if results['quick'] else ''}.",
+        f"Command: `{results['command']}` ({results.get('wall_s', 0) / 60:.0f} min).",
+        "",
+        "Every contender ran in its own process, interleaved with the others in rounds; step time is the",
+        "median of the measured steps (after one warm-up step) over all rounds, and *vs plain* divides it by",
+        "plain PyTorch's median from the same run. *Tracked* is live tensor bytes in the runtime's accounting",
+        "(for plain PyTorch and checkpointing: one extra step under torch-dtr without a budget, which keeps",
+        "exactly what the program keeps). *RSS* is the process's peak resident set (Python and libraries",
+        "included); *RSS over base* subtracts what the process held after building the model and data.",
+        "Budget ratios are fractions of plain PyTorch's tracked peak.",
+        "",
+    ]
+    for name, w in results["workloads"].items():
+        lines += _workload(name, w, img, out)
+    path = out / "benchmarks.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _workload(name: str, w: dict, img: Path, out: Path) -> list[str]:
+    lines = [f"## {name}: {w['description']}", ""]
+    if "error" in w:
+        return lines + [f"Failed: {w['error']}", ""]
+    cs = w["contenders"]
+    plain = cs.get("plain PyTorch", {})
+    p_step = plain.get("step_s")
+    search = w["search"]
+    lines += [f"Plain PyTorch's tracked peak: {_mib(search['peak_tracked'])} MiB, {search['ops']} managed ops per "
+              f"step. Smallest feasible budget found by bisection: {search['min_ratio']:.1%} of it "
+              f"({search['probes']} probes; a budget trains if one step completes without BudgetError and with "
+              f"at most 3 recomputations per op).", ""]
+    lines += ["| contender | budget | step (s) | vs plain | tracked peak (MiB) | RSS (MiB) | RSS over base (MiB) | "
+              "evictions | recomputations | remat (s) | search (s) | user code lines | note |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, r in cs.items():
+        lines.append(_row(label, r, p_step))
+    full = cs.get("torch-dtr 100%", {})
+    if full.get("step_s") and p_step and full.get("ops_per_step"):
+        n = full["ops_per_step"]
+        lines += ["", f"Dispatch overhead with nothing evicted (budget at the peak): "
+                      f"{(full['step_s'] - p_step) / n * 1e6:.1f} us per op ({n:.0f} managed ops per step)."]
+    if "scale" in w and "tries" in w["scale"]:
+        s = w["scale"]
+        lines += ["", f"Batch scaling: budget = plain PyTorch's tracked peak at batch {s['base_batch']} "
+                      f"({_mib(s['budget'])} MiB); plain throughput {s['plain_throughput']:.2f} samples/s.", "",
+                  "| batch | trains | step (s) | samples/s | vs plain samples/s | tracked peak (MiB) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for t in s["tries"]:
+            b = s["base_batch"] * t["mult"]
+            if t["ok"]:
+                lines.append(f"| {b} ({t['mult']}x) | yes | {t['step_s']:.2f} | {t['throughput']:.2f} | "
+                             f"{t['throughput'] / s['plain_throughput']:.2f}x | {_mib(t['peak_tracked'])} |")
+            else:
+                lines.append(f"| {b} ({t['mult']}x) | no: {t['error'][:80]} | - | - | - | - |")
+    lines.append("")
+    for kind, fn in (("timeline", _plot_timeline), ("frontier", _plot_frontier)):
+        p = img / f"bench_{name}_{kind}.png"
+        try:
+            fn(name, w, p)
+            lines.append(f"![{name} {kind}]({p.relative_to(out)})")
+        except Exception as e:  # a plot must not lose the tables
+            lines.append(f"({kind} plot failed: {type(e).__name__}: {e})")
+    return lines + [""]
+
+
+def _row(label: str, r: dict, p_step: float | None) -> str:
+    spec = r.get("spec", {})
+    step = r.get("step_s")
+    if "ratio" in spec:
+        budget = f"{spec['ratio']:.0%}"
+    elif "mem_budget" in spec:
+        budget = f"activations {spec['mem_budget']}"
+    else:
+        budget = "-"
+    spread = r.get("step_spread")
+    step_txt = f"{step:.3f} ({spread[0]:.2f}-{spread[1]:.2f})" if step and spread else "-"
+    ratio = f"{step / p_step:.2f}x" if step and p_step else "-"
+    dtr = "remat_s" in r
+    counters = (f"{r['evictions']} | {r['remats']} | {r['remat_s']:.2f} | {r['search_s']:.3f}" if dtr
+                else "- | - | - | -")
+    note = "; ".join(r.get("errors", []))[:160]
+    if r.get("compile_s"):
+        note = (note + "; " if note else "") + f"first step incl. compile {r['compile_s']:.0f} s"
+    lines_of_code = LINES.get(spec.get("kind", r.get("kind", "")), "-")
+    return (f"| {label} | {budget} | {step_txt} | {ratio} | {_mib(r.get('peak_tracked'))} | "
+            f"{_mib(r.get('peak_rss'))} | {_mib(r.get('rss_over_base'))} | {counters} | {lines_of_code} | {note} |")
+
+
+def _plot_timeline(name: str, w: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = w["timeline"]
+    if "unbounded" not in tl:
+        raise RuntimeError(tl.get("error", "no timeline"))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    none, bud = tl["unbounded"], tl.get("bounded", {})
+    if "trace" not in bud:
+        raise RuntimeError(tl.get("error", "no bounded run"))
+    ax.plot([b / MiB for b in none["trace"]], color="0.5", lw=1, label="plain PyTorch's live bytes (no budget)")
+    ratio = tl.get("ratio") or 0.5
+    ax.plot([b / MiB for b in bud["trace"]], color="C0", lw=1, label=f"torch-dtr at {ratio:.0%} of the peak")
+    if bud.get("backward_at") is not None:
+        ax.axvspan(bud["backward_at"], len(bud["trace"]), color="C1", alpha=0.08, label="backward (torch-dtr)")
+    budget = tl.get("budget")
+    if budget:
+        ax.axhline(budget / MiB, color="C3", ls="--", lw=1, label="budget")
+    ys = [bud["trace"][i - 1] / MiB for i in bud["evict_at"] if 0 < i <= len(bud["trace"])]
+    ax.scatter([i for i in bud["evict_at"] if 0 < i <= len(bud["trace"])], ys, s=4, color="C3", label="evictions")
+    ys = [bud["trace"][i - 1] / MiB for i in bud["remat_at"] if 0 < i <= len(bud["trace"])]
+    ax.scatter([i for i in bud["remat_at"] if 0 < i <= len(bud["trace"])], ys, s=4, color="C2",
+               label="recomputations")
+    ax.set_xlabel("op index in one training step")
+    ax.set_ylabel("tracked bytes (MiB)")
+    ax.set_title(f"{name}: memory during one training step")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_frontier(name: str, w: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = w["contenders"]
+    p_step = cs.get("plain PyTorch", {}).get("step_s")
+    if not p_step:
+        raise RuntimeError("no plain PyTorch timing")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    style = {"plain": ("s", "k"), "ckpt_block": ("^", "C1"), "ckpt_sqrt": ("v", "C2"), "compile": ("D", "C4")}
+    for ax, key, xlabel in ((axes[0], "peak_tracked", "peak tracked bytes (MiB)"),
+                            (axes[1], "rss_over_base", "peak RSS over the process's base (MiB)")):
+        dtr = sorted((r[key] / MiB, r["step_s"] / p_step) for r in cs.values()
+                     if r.get("kind") == "dtr" and r.get("step_s") and r.get(key))
+        if dtr:
+            ax.plot(*zip(*dtr, strict=True), "o-", color="C0", label="torch-dtr (budgets)")
+        for label, r in cs.items():
+            k = r.get("kind")
+            if k in style and r.get("step_s") and r.get(key):
+                m, c = style[k]
+                ax.plot(r[key] / MiB, r["step_s"] / p_step, m, color=c, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("step time / plain PyTorch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{name}: time vs memory (lower left is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,224 @@
+"""One benchmark contender, measured in a process of its own (so that its peak RSS is its own).
+
+Run as ``python -m torch_dtr.bench.worker '<json spec>'``; prints progress on stderr and one JSON object
+(the result) as the last line of stdout. The spec's ``kind``:
+
+- ``plain``, ``dtr`` (``budget`` in bytes or null), ``ckpt_block``, ``ckpt_sqrt``, ``compile``
+  (``mem_budget``: torch.compile's activation memory budget): train ``warmup`` + ``steps`` steps, time
+  the measured ones; plain and checkpointing also run one untimed step under torch-dtr without a budget,
+  whose tracked peak is their live bytes in the runtime's own accounting;
+- ``search``: the smallest budget (bytes) that trains a step, by bisection in this process;
+- ``scale``: the largest batch multiple that trains within plain PyTorch's peak at the base batch;
+- ``timeline``: tracked bytes after every op of one step, with no budget and at ``budget``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+import torch_dtr
+
+from . import workloads
+
+
+def _rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Thrash(RuntimeError):
+    pass
+
+
+def _cap_remats(limit: int) -> None:
+    rt = torch_dtr.runtime()
+
+    def on_event(kind: str, _s: object) -> None:
+        if kind == "remat" and rt.rematerializations > limit:
+            raise Thrash(f"more than {limit} recomputations in one step")
+
+    rt.on_event = on_event
+
+
+def _train(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
+    times, losses = [], []
+    warm = spec["warmup"]
+    for i, b in enumerate(batches):
+        torch.manual_seed(100 + i)
+        t0 = time.perf_counter()
+        loss = step(model, b)
+        dt = time.perf_counter() - t0
+        losses.append(float(torch_dtr.unwrap(loss)))
+        if i >= warm:
+            times.append(dt)
+        print(f"    {spec['label']}: step {i + 1}/{len(batches)} {dt:.2f} s", file=sys.stderr, flush=True)
+    return {"step_s": statistics.median(times), "step_times": times, "losses": losses}
+
+
+def _tracked_peak(model: torch.nn.Module, batch: Any, step: Any) -> tuple[int, int]:
+    """Peak tracked bytes and ops of one step under torch-dtr with no budget (the runtime's accounting)."""
+    torch_dtr.enable(budget=None)
+    try:
+        step(model, batch)
+        st = torch_dtr.stats()
+    finally:
+        torch_dtr.disable()
+    return st.peak_bytes, st.ops
+
+
+def run(spec: dict) -> dict:
+    torch.set_num_threads(spec.get("threads") or max(1, os.cpu_count() or 1))
+    size = workloads.Size(**spec["size"])
+    kind = spec["kind"]
+    n = spec["warmup"] + spec["steps"]
+    model, batches, step = workloads.build(spec["workload"], size, n)
+    res: dict[str, Any] = {"kind": kind, "budget": spec.get("budget"), "mem_budget": spec.get("mem_budget"),
+                           "ratio": spec.get("ratio")}
+    base_rss = _current_rss()
+    if kind == "search":
+        return res | _search(spec, model, batches, step)
+    if kind == "scale":
+        return res | _scale(spec, step)
+    if kind == "timeline":
+        return res | _timeline(spec, model, batches, step)
+    if kind in ("ckpt_block", "ckpt_sqrt"):
+        res["segments"] = workloads.checkpoint_blocks(spec["workload"], model, kind[5:])
+    if kind == "compile":
+        import torch._functorch.config as fconf
+
+        fconf.activation_memory_budget = spec["mem_budget"]
+        t0 = time.perf_counter()
+        model = torch.compile(model)
+        try:
+            step(model, batches[0])
+        except Exception as e:  # report why it does not compile here
+            return res | {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        res["compile_s"] = time.perf_counter() - t0
+    if kind == "dtr":
+        torch_dtr.enable(budget=spec["budget"])
+        _cap_remats(spec.get("max_remats", 10**9))
+    try:
+        res |= _train(spec, model, batches, step)
+    except (torch_dtr.BudgetError, Thrash) as e:
+        res["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        if kind == "dtr":
+            st = torch_dtr.stats()
+            torch_dtr.disable()
+            res |= {"peak_tracked": st.peak_bytes, "evictions": st.evictions, "remats": st.rematerializations,
+                    "remat_s": st.remat_seconds, "search_s": st.search_seconds, "ops": st.ops,
+                    "constant_bytes": st.constant_bytes, "ops_per_step": st.ops / n}
+    res["peak_rss"] = _rss()
+    res["rss_over_base"] = res["peak_rss"] - base_rss
+    if "error" in res:
+        return res
+    if kind in ("plain", "ckpt_block", "ckpt_sqrt"):
+        try:
+            res["peak_tracked"], res["ops"] = _tracked_peak(model, batches[-1], step)
+        except Exception as e:  # the accounting run is an extra; never lose the timing for it
+            res["tracked_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return res
+
+
+def _feasible(model: torch.nn.Module, batch: Any, step: Any, budget: int, max_remats: int) -> bool:
+    torch_dtr.enable(budget=budget)
+    try:
+        _cap_remats(max_remats)
+        torch.manual_seed(0)
+        step(model, batch)
+        return True
+    except (torch_dtr.BudgetError, Thrash):
+        return False
+    finally:
+        torch_dtr.disable()
+
+
+def _search(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
+    # the peak over every batch of the run (the dynamic workload's batches differ in length)
+    peaks = [_tracked_peak(model, b, step) for b in batches]
+    peak, ops = max(p for p, _ in peaks), max(o for _, o in peaks)
+    cap = spec.get("remat_per_op", 3) * ops
+    lo, hi = 0, peak  # lo infeasible (nothing fits in 0 bytes), hi feasible
+    tol = max(1, int(peak * spec.get("tolerance", 0.01)))
+    probes = 0
+    while hi - lo > tol:
+        mid = (lo + hi) // 2
+        ok = all(_feasible(model, b, step, mid, cap) for b in batches[:2])
+        probes += 1
+        print(f"    search: {mid / peak:.3f} of peak -> {'ok' if ok else 'no'}", file=sys.stderr, flush=True)
+        lo, hi = (lo, mid) if ok else (mid, hi)
+    return {"peak_tracked": peak, "ops": ops, "min_budget": hi, "min_ratio": hi / peak, "probes": probes}
+
+
+def _scale(spec: dict, step_unused: Any) -> dict:
+    """Budget = plain's tracked peak at the base batch; try 2x, 3x, ... the batch under it."""
+    base = workloads.Size(**spec["size"])
+    steps = spec["warmup"] + spec["steps"]
+    model, batches, step = workloads.build(spec["workload"], base, steps)
+    plain = _train(spec | {"label": "scale plain x1"}, model, batches, step)
+    budget, _ = _tracked_peak(model, batches[0], step)
+    out: dict[str, Any] = {"budget": budget, "base_batch": base.batch, "plain_step_s": plain["step_s"],
+                           "plain_throughput": base.batch / plain["step_s"], "tries": []}
+    for mult in spec.get("multiples", (2, 3, 4)):
+        size = workloads.Size(**(spec["size"] | {"batch": base.batch * mult}))
+        model, batches, step = workloads.build(spec["workload"], size, steps)
+        torch_dtr.enable(budget=budget)
+        try:
+            _cap_remats(spec.get("remat_cap", 10**6))
+            r = _train(spec | {"label": f"scale dtr x{mult}"}, model, batches, step)
+            st = torch_dtr.stats()
+            out["tries"].append({"mult": mult, "ok": True, "step_s": r["step_s"], "peak_tracked": st.peak_bytes,
+                                 "throughput": size.batch / r["step_s"]})
+        except (torch_dtr.BudgetError, Thrash) as e:
+            out["tries"].append({"mult": mult, "ok": False, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            break
+        finally:
+            torch_dtr.disable()
+        del model, batches
+    return out
+
+
+def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
+    from ..eager import front as _front
+
+    out: dict[str, Any] = {}
+    step(model, batches[0])  # warm up (lazy optimizer state, caches)
+    for label, budget in (("unbounded", None), ("bounded", spec["budget"])):
+        torch_dtr.enable(budget=budget)
+        f = _front._ACTIVE
+        rt = torch_dtr.runtime()
+        trace: list[int] = []
+        events: list[tuple[str, int]] = []
+        f.trace = trace
+        rt.on_event = lambda kind, _s: events.append((kind, len(trace))) if kind in ("evict", "remat") else None  # noqa: B023
+        marks: list[int] = []
+        try:
+            torch.manual_seed(0)
+            step(model, batches[1 % len(batches)], lambda: marks.append(len(trace)))  # noqa: B023
+        except torch_dtr.BudgetError as e:
+            out["error"] = f"at {label}: BudgetError: {str(e)[:200]}"
+        finally:
+            f.trace = None
+            rt.on_event = None
+            torch_dtr.disable()
+        out[label] = {"trace": trace, "backward_at": marks[0] if marks else None,
+                      "evict_at": [i for k, i in events if k == "evict"],
+                      "remat_at": [i for k, i in events if k == "remat"]}
+    return out
+
+
+if __name__ == "__main__":
+    result = run(json.loads(sys.argv[1]))
+    print(json.dumps(result))
