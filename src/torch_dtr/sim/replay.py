@@ -1,0 +1,258 @@
+"""Replay an operator log through the core runtime with a simulated clock and simulated memory.
+
+The same ``Runtime`` and policies as the live front end run here; only the payloads are fake (a marker
+object) and the clock advances by the logged op times instead of measured ones.
+
+# NOTE [ Replaying a log ]
+#
+# The rules follow how the DTR authors' simulator read these logs (``shared/dtr-logs/README.md``), so
+# that our overheads compare with theirs:
+#
+# 1. Names are references. A tensor lives while a name refers to it (CONSTANT or CALL result, COPY adds a
+#    name, COPY_FROM rebinds one, RELEASE drops one); each tensor is a handle on one core ``Storage``.
+# 2. A CALL result with ALIAS = i >= 0 is a view: a handle on the storage of ARGS[i], no bytes of its own;
+#    its op time advances the clock but records no recipe (a view is rebuilt from its base for free).
+# 3. A CONSTANT is a pinned storage (resident, never evicted, counted) created with a ``reserve`` so that
+#    a budget below the constants is an ``oom``. Constants released by every name are freed.
+# 4. A MUTATE is a pure op reading all its arguments that produces a new storage (same bytes) for each
+#    mutated argument; the mutating name is rebound to it and its reference to the old version dropped.
+# 5. Before an op: evicted inputs are rematerialized, inputs locked, the outputs' bytes reserved. The
+#    op's time advances the clock (``Runtime.record``); rematerializations add their recipe's time.
+# 6. Names still referring to a tensor when the log ends are the iteration's outputs: their storages are
+#    rematerialized at the end, and that counts.
+# 7. overhead = (logged op time + rematerialized op time) / logged op time. ``thrash``: the replay stopped
+#    because overhead passed ``thrash_at`` (2.0); ``oom``: nothing was left to evict (``BudgetError``).
+#    Search time is measured (wall clock) but not in the overhead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..core import BudgetError, Policy, Runtime, Storage
+from .log import Call, Constant, Copy, Log, Mutate, Release
+
+THRASH_AT = 2.0
+_RESIDENT = True  # the fake payload of a resident storage
+
+
+class _Fake:
+    """The recipe of a logged op: returns one fake payload per output."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def __call__(self) -> list[bool]:
+        return [_RESIDENT] * len(self.op.outputs)
+
+
+class _Thrash(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One (log, policy, budget) replay."""
+
+    policy: str
+    ratio: float | None  # budget / no-eviction peak, when the budget was given as a ratio
+    budget: int | None
+    status: str  # "ok", "oom" or "thrash"
+    overhead: float  # (op time + recomputed op time) / op time; at the point of stopping when not ok
+    evictions: int
+    drops: int
+    rematerializations: int
+    accesses: int  # policy metadata accesses: candidates scored by the eviction search
+    peak_bytes: int
+    ops: int
+    wall_seconds: float
+    search_seconds: float
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Replay:
+    """Drives a ``Runtime`` from a ``Log`` (see NOTE [ Replaying a log ])."""
+
+    def __init__(self, log: Log, rt: Runtime, thrash_at: float | None = THRASH_AT) -> None:
+        self.log = log
+        self.rt = rt
+        self.base_ns = log.op_time_ns()
+        self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
+        self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
+        self.on_op: Any = None  # called after each op with the instruction's index (for timelines)
+        if self.thrash_ns is not None:
+            limit = self.thrash_ns
+
+            def on_event(kind: str, _s: Storage) -> None:  # stops a cascade of recomputations inside one op
+                if kind == "remat" and rt.remat_cost > limit:
+                    raise _Thrash()
+
+            rt.on_event = on_event
+
+    # ------------------------------------------------------------------ references
+    def _bind(self, name: str, s: Storage) -> None:
+        old = self.names.get(name)
+        self.rt.add_ref(s)
+        self.names[name] = s
+        if old is not None:  # the prototype's logs reuse no names, but a rebind must not leak
+            self.rt.drop_ref(old)
+
+    def _storage(self, name: str) -> Storage:
+        s = self.names.get(name)
+        if s is None:
+            raise KeyError(f"torch_dtr: log {self.log.source}: tensor {name!r} is used but was never defined "
+                           f"(or was released by all its names)")
+        while s.forward is not None:  # handles on an old version count on the newest (core new_version)
+            s = s.forward
+        return s
+
+    # ------------------------------------------------------------------ ops
+    def _prepare(self, args: tuple[str, ...]) -> list[Storage]:
+        rt = self.rt
+        ins = list(dict.fromkeys(self._storage(a) for a in args))
+        for s in ins:
+            if not s.resident:
+                rt.rematerialize(s)
+            s.locks += 1
+        return ins
+
+    def _call(self, ins_: Call) -> None:
+        rt = self.rt
+        ins = self._prepare(ins_.args)
+        try:
+            fresh = [r for r in ins_.results if r.alias < 0]
+            rt.where = ins_.name
+            rt.reserve(sum(r.nbytes for r in fresh))
+            cost = ins_.time_ns
+            if fresh:
+                op = rt.record(ins, cost, None, ins_.name)
+                op.compute = _Fake(op)
+            else:  # only views: advance the clock, touch the inputs
+                op = None
+                rt.clock += cost
+                for s in ins:
+                    s.last_access = rt.clock
+            rt.ops += 1
+            outs = []
+            for r in ins_.results:
+                if r.alias < 0:
+                    s = rt.output(op, r.nbytes, _RESIDENT)
+                else:
+                    s = self._storage(ins_.args[r.alias])
+                outs.append((r.name, s))
+            for name, s in outs:
+                self._bind(name, s)
+        finally:
+            for s in ins:
+                s.locks -= 1
+
+    def _mutate(self, ins_: Mutate) -> None:
+        rt = self.rt
+        ins = self._prepare(ins_.args)
+        try:
+            written = list(dict.fromkeys(self._storage(ins_.args[i]) for i in ins_.mutated))
+            rt.where = ins_.name
+            rt.reserve(sum(s.nbytes for s in written))
+            op = rt.record(ins, ins_.time_ns, None, ins_.name)
+            op.compute = _Fake(op)
+            rt.ops += 1
+            news = {s: rt.output(op, s.nbytes, _RESIDENT) for s in written}
+            for i in dict.fromkeys(ins_.mutated):
+                name = ins_.args[i]
+                self._bind(name, news[self._storage(name)])
+        finally:
+            for s in ins:
+                s.locks -= 1
+
+    def _constant(self, ins_: Constant) -> None:
+        rt = self.rt
+        rt.where = f"constant {ins_.name}"
+        rt.reserve(ins_.nbytes)
+        s = rt.output(None, ins_.nbytes, _RESIDENT)
+        self._bind(ins_.name, s)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        """Replay the measured iteration; raises ``BudgetError`` (oom) or ``_Thrash``."""
+        rt, names = self.rt, self.names
+        instrs = self.log.instrs
+        thrash_ns = self.thrash_ns
+        for k in range(self.log.start, len(instrs)):
+            ins = instrs[k]
+            t = type(ins)
+            if t is Call:
+                self._call(ins)
+            elif t is Release:
+                s = names.pop(ins.name, None)
+                if s is not None:
+                    rt.drop_ref(s)
+                continue
+            elif t is Copy:
+                s = names.get(ins.src)
+                if s is not None:
+                    self._bind(ins.dst, s)
+                elif ins.rebind:
+                    old = names.pop(ins.dst, None)
+                    if old is not None:
+                        rt.drop_ref(old)
+                continue
+            elif t is Mutate:
+                self._mutate(ins)
+            elif t is Constant:
+                self._constant(ins)
+                continue
+            if thrash_ns is not None and rt.remat_cost > thrash_ns:
+                raise _Thrash()
+            if self.on_op is not None:
+                self.on_op(k)
+        # outputs of the iteration must be resident at the end (NOTE 6)
+        for s in list(dict.fromkeys(names.values())):
+            while s.forward is not None:
+                s = s.forward
+            if not s.resident and not s.released:
+                rt.rematerialize(s)
+        if thrash_ns is not None and rt.remat_cost > thrash_ns:
+            raise _Thrash()
+
+
+def no_eviction_peak(log: Log) -> int:
+    """Peak tracked bytes (constants included) of the log replayed with no budget."""
+    rt = Runtime(None)
+    Replay(log, rt, thrash_at=None).run()
+    return rt.memory.peak
+
+
+def simulate(log: Log, policy: str | Policy = "dtr_eq", *, ratio: float | None = None, budget: int | None = None,
+             peak: int | None = None, thrash_at: float | None = THRASH_AT, **runtime_options: Any) -> Outcome:
+    """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known)."""
+    if (ratio is None) == (budget is None):
+        raise ValueError("torch_dtr: give exactly one of ratio= (e.g. 0.5) or budget= (bytes) to simulate()")
+    if ratio is not None:
+        if not 0 < ratio:
+            raise ValueError(f"torch_dtr: ratio must be > 0, got {ratio}; e.g. ratio=0.5")
+        budget = int(ratio * (peak if peak is not None else no_eviction_peak(log)))
+    rt = Runtime(budget, policy, **runtime_options)
+    rp = Replay(log, rt, thrash_at)
+    status, error = "ok", ""
+    t0 = time.perf_counter()
+    try:
+        rp.run()
+    except BudgetError as e:
+        status, error = "oom", str(e)
+    except _Thrash:
+        status = "thrash"
+    wall = time.perf_counter() - t0
+    base = rp.base_ns or 1
+    return Outcome(
+        policy=rt.policy.name, ratio=ratio, budget=budget, status=status,
+        overhead=(base + rt.remat_cost) / base, evictions=rt.evictions, drops=rt.drops,
+        rematerializations=rt.rematerializations, accesses=rt.scored, peak_bytes=rt.memory.peak, ops=rt.ops,
+        wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
+    )
