@@ -20,10 +20,14 @@ def __getattr__(name: str) -> object:
         from . import eager
 
         return getattr(eager, name)
+    if name == "record":  # torch_dtr.record(path): write an operator log for the simulator
+        from .sim.record import record
+
+        return record
     raise AttributeError(f"module 'torch_dtr' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 __all__ = [
     "POLICIES", "BudgetError", "DTRTensor", "Policy", "Stats", "budget", "disable", "enable", "enabled",
-    "parse_budget", "register", "reset_peak", "runtime", "stats", "unwrap",
+    "parse_budget", "record", "register", "reset_peak", "runtime", "stats", "unwrap",
 ]

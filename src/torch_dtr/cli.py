@@ -30,7 +30,34 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
     b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
     b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 2, quick 1)")
+    s = sub.add_parser("simulate", help="replay an operator log under budgets through the runtime's core and policies")
+    s.add_argument("log", help="operator log (the DTR prototype's JSON-lines format)")
+    s.add_argument("--policy", action="append", help="policy name (repeatable; default: the default policy)")
+    s.add_argument("--ratios", type=_ratios, default=None,
+                   help="budgets as fractions of the no-eviction peak (default 0.1,0.2,...,1.0)")
+    s.add_argument("--format", choices=("table", "json"), default="table")
+    s.add_argument("--plot", default=None, help="write a PNG of overhead vs budget ratio here")
+    s.add_argument("--baselines", action="store_true", help="also replay sqrt(n) checkpointing")
+    r = sub.add_parser("record", help="run a PyTorch script and write one training iteration as an operator log")
+    r.add_argument("script", help="the Python script to run")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    r.add_argument("--out", "-o", required=True, help="log file to write")
+    r.add_argument("--iteration", type=int, default=2,
+                   help="which iteration to record, counted in optimizer steps (default 2: after one warm-up)")
     args = p.parse_args(argv)
+    if args.cmd == "simulate":
+        from .sim.report import main as simulate
+
+        return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines)
+    if args.cmd == "record":
+        import json
+
+        from .sim.record import record_script
+
+        if args.iteration < 1:
+            p.error(f"--iteration must be >= 1, got {args.iteration}")
+        print(json.dumps(record_script(args.script, args.args, args.out, args.iteration), indent=1))
+        return 0
     if args.cmd == "bench":
         from .bench.run import main as bench
 

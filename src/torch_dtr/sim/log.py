@@ -210,13 +210,13 @@ def _finish(p: dict) -> Instr:
 
 def parse(lines: Iterable[str], source: str = "<log>") -> Log:
     instrs: list[Instr] = []
-    start, backward = 0, None
+    start, backward, started = 0, None, False
     for no, ins in _parse(lines, source):
         if type(ins) is Annotate:
             if ins.what == "START":
-                if start:
+                if started:
                     raise LogError(f"{source}:{no}: a second START annotation (one measured iteration per log)")
-                start, backward = len(instrs), None
+                start, backward, started = len(instrs), None, True
             elif backward is None:
                 backward = len(instrs)
             continue

@@ -86,6 +86,7 @@ class Replay:
         self.base_ns = log.op_time_ns()
         self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
         self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
+        self.k = 0  # index of the instruction being replayed
         self.on_op: Any = None  # called after each op with the instruction's index (for timelines)
         if self.thrash_ns is not None:
             limit = self.thrash_ns
@@ -126,6 +127,7 @@ class Replay:
     def _call(self, ins_: Call) -> None:
         rt = self.rt
         ins = self._prepare(ins_.args)
+        outs = []
         try:
             fresh = [r for r in ins_.results if r.alias < 0]
             rt.where = ins_.name
@@ -140,18 +142,14 @@ class Replay:
                 for s in ins:
                     s.last_access = rt.clock
             rt.ops += 1
-            outs = []
             for r in ins_.results:
-                if r.alias < 0:
-                    s = rt.output(op, r.nbytes, _RESIDENT)
-                else:
-                    s = self._storage(ins_.args[r.alias])
+                s = rt.output(op, r.nbytes, _RESIDENT) if r.alias < 0 else self._storage(ins_.args[r.alias])
                 outs.append((r.name, s))
-            for name, s in outs:
-                self._bind(name, s)
         finally:
             for s in ins:
                 s.locks -= 1
+        for name, s in outs:  # after unlocking: a reference dropped here may evict (NOTE [ Lifetimes ] 3)
+            self._bind(name, s)
 
     def _mutate(self, ins_: Mutate) -> None:
         rt = self.rt
@@ -164,12 +162,12 @@ class Replay:
             op.compute = _Fake(op)
             rt.ops += 1
             news = {s: rt.output(op, s.nbytes, _RESIDENT) for s in written}
-            for i in dict.fromkeys(ins_.mutated):
-                name = ins_.args[i]
-                self._bind(name, news[self._storage(name)])
+            rebind = [(ins_.args[i], news[self._storage(ins_.args[i])]) for i in dict.fromkeys(ins_.mutated)]
         finally:
             for s in ins:
                 s.locks -= 1
+        for name, s in rebind:  # after unlocking, so that the old version can be dropped
+            self._bind(name, s)
 
     def _constant(self, ins_: Constant) -> None:
         rt = self.rt
@@ -186,6 +184,7 @@ class Replay:
         thrash_ns = self.thrash_ns
         for k in range(self.log.start, len(instrs)):
             ins = instrs[k]
+            self.k = k
             t = type(ins)
             if t is Call:
                 self._call(ins)

@@ -1,0 +1,104 @@
+"""``torch-dtr simulate``: replay a log over policies and budget ratios, print a table or JSON, plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core import fmt_bytes
+from ..core.policies import DEFAULT_POLICY, get_policy
+from . import log as _log
+from .baselines import sqrt_checkpoint
+from .replay import Outcome, no_eviction_peak, simulate
+
+DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def run_grid(log: _log.Log, policies: Sequence[str], ratios: Sequence[float], *, progress: bool = False,
+             **options: Any) -> tuple[int, list[Outcome]]:
+    """Every (policy, ratio) replay of ``log``; returns the no-eviction peak and the outcomes."""
+    for p in policies:
+        get_policy(p)  # unknown names fail before any work
+    peak = no_eviction_peak(log)
+    jobs = [(p, r) for p in policies for r in ratios]
+    it: Any = jobs
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(jobs, desc=Path(log.source).name, unit="replay", file=sys.stderr, leave=False)
+    out = [simulate(log, p, ratio=r, peak=peak, **options) for p, r in it]
+    return peak, out
+
+
+def table(log: _log.Log, peak: int, outcomes: Sequence[Outcome], extra: Sequence[Outcome] = ()) -> str:
+    rows = [
+        f"log {log.source}: {log.op_count()} ops, {log.op_time_ns() / 1e6:.1f} ms of op time, "
+        f"no-eviction peak {fmt_bytes(peak)}",
+        "",
+        "| policy | ratio | budget | status | overhead | evictions | recomputations | accesses | replay s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for o in outcomes:
+        rows.append(f"| {o.policy} | {o.ratio:.2f} | {fmt_bytes(o.budget or 0)} | {o.status} | "
+                    f"{_ov(o)} | {o.evictions} | {o.rematerializations} | {o.accesses} | {o.wall_seconds:.2f} |")
+    for o in extra:
+        rows.append(f"| {o.policy} | peak {o.ratio:.2f} | - | {o.status} | {_ov(o)} | {o.evictions} | "
+                    f"{o.rematerializations} | - | {o.wall_seconds:.2f} |")
+    return "\n".join(rows)
+
+
+def _ov(o: Outcome) -> str:
+    return f"{o.overhead:.3f}" if o.status == "ok" else f"({o.overhead:.2f})"
+
+
+def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outcome]]],
+         reference: dict[str, dict[float, float]] | None = None) -> None:
+    """One panel per log: overhead vs budget ratio, a line per policy (ok points only), baselines as
+    markers, and optional reference points (``{log: {ratio: overhead}}``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(series)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)
+    for ax, (name, (_peak, outs, extra)) in zip(axes[0], series.items(), strict=True):
+        by: dict[str, list[Outcome]] = {}
+        for o in outs:
+            by.setdefault(o.policy, []).append(o)
+        for pol, os_ in by.items():
+            ok = [o for o in os_ if o.status == "ok"]
+            ax.plot([o.ratio for o in ok], [o.overhead for o in ok], marker="o", ms=3, label=pol)
+        for o in extra:
+            ax.scatter([o.ratio], [o.overhead], marker="s", s=40, zorder=5, label=o.policy.split(" (")[0])
+        if reference and name in reference:
+            ref = sorted(reference[name].items())
+            ax.plot([r for r, _ in ref], [v for _, v in ref], "k--", lw=1, marker="x", label="reference h_DTR (uf)")
+        ax.set_title(name)
+        ax.set_xlabel("budget / no-eviction peak")
+        ax.set_ylabel("overhead (op time incl. recomputation / op time)")
+        ax.set_ylim(0.98, 2.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | None, fmt: str,
+         plot_path: str | None, baselines: bool) -> int:
+    log = _log.read(path)
+    policies = list(policies or [DEFAULT_POLICY])
+    ratios = list(ratios or DEFAULT_RATIOS)
+    peak, outs = run_grid(log, policies, ratios, progress=fmt == "table" and sys.stderr.isatty())
+    extra = [sqrt_checkpoint(log, peak)] if baselines else []
+    if fmt == "json":
+        print(json.dumps([o.as_dict() for o in outs] + [dict(o.as_dict(), baseline=True) for o in extra], indent=1))
+    else:
+        print(table(log, peak, outs, extra))
+    if plot_path:
+        plot(plot_path, {Path(path).stem: (peak, outs, extra)})
+    return 0
