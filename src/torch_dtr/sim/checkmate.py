@@ -14,8 +14,10 @@ Memory rule (the solver's model and ``simulate_schedule`` follow it; constants a
 * that peak must stay within the budget at every computation of every stage.
 
 In the MILP "still needed" is a continuous variable bounded below by each of its reasons (an OR); it may
-only overstate memory, so every integral solution is safe, and it is exact at the optimum. Memory along a
-stage is a running sum (one equality per step), so the model has O(n (n + edges)) nonzeros.
+only overstate memory, so every integral solution is safe, and it is exact at the optimum. The memory of
+an event is one row over all values (O(n^3) nonzeros, which HiGHS solves many times faster) up to
+``DIRECT_MAX_NODES`` nodes, and a running sum along the stage beyond (O(n (n + edges)) nonzeros).
+Like Checkmate, the optimum is over schedules that run each stage in index order.
 """
 
 from __future__ import annotations
@@ -298,38 +300,14 @@ class Solution:
     S: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
-class _Vars:
-    """Column allocator with bounds and integrality."""
-
-    def __init__(self) -> None:
-        self.lb: list[float] = []
-        self.ub: list[float] = []
-        self.integer: list[int] = []
-
-    def add(self, lb: float, ub: float, integer: bool) -> int:
-        self.lb.append(lb)
-        self.ub.append(ub)
-        self.integer.append(int(integer))
-        return len(self.lb) - 1
+DIRECT_MAX_NODES = 200  # up to here each event's memory is one row (~n^3/3 nonzeros); beyond, a running sum
 
 
-@dataclass
-class _Model:
-    c: np.ndarray
-    integer: np.ndarray
-    lb: list[float]
-    ub: list[float]
-    A: object
-    rlo: list[float]
-    rhi: list[float]
-    Ri: list[list[int]]
-    Si: list[list[int]]
-    cscale: float
-
-
-def _model(graph: Graph, budget: int) -> _Model:
-    """The MILP: columns R, S (binary), P ("still needed", continuous), U (memory per event, continuous)."""
-    n = graph.n
+def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]], list[list[int]], float]:
+    """The MILP as ``milp`` arguments, the integrality, the columns of R and S, and the cost scale. Columns:
+    R, S (binary), P ("still needed", continuous), and for graphs over ``DIRECT_MAX_NODES`` U (memory)."""
+    n, direct = graph.n, graph.n <= DIRECT_MAX_NODES
+    chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     cscale = max(max(graph.cost), 1e-12)
     mscale = float(max(max(graph.size), 1))
     size = [s / mscale for s in graph.size]
@@ -337,16 +315,19 @@ def _model(graph: Graph, budget: int) -> _Model:
     reach = [n if i in keep else i for i in range(n)]  # last stage in which node i can matter
     for i in reversed(range(n)):
         reach[i] = max([reach[i], *(reach[j] for j in us[i])])
-    v = _Vars()
-    Ri = [[v.add(1.0 if i == t else 0.0, 1.0 if i == t or reach[i] >= t else 0.0, True) for i in range(t + 1)]
+    lb, ub, integer = [], [], []  # column bounds and integrality
+
+    def add(lo: float, hi: float, is_int: bool) -> int:
+        lb.append(lo)
+        ub.append(hi)
+        integer.append(int(is_int))
+        return len(lb) - 1
+
+    Ri = [[add(1.0 if i == t else 0.0, 1.0 if i == t or reach[i] >= t else 0.0, True) for i in range(t + 1)]
           for t in range(n)]
-    Si = [[v.add(1.0 if t == n and i in keep else 0.0, 1.0 if reach[i] >= t else 0.0, True) for i in range(t)]
+    Si = [[add(1.0 if t == n and i in keep else 0.0, 1.0 if reach[i] >= t else 0.0, True) for i in range(t)]
           for t in range(n + 1)]
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    rlo: list[float] = []
-    rhi: list[float] = []
+    rows, cols, vals, rlo, rhi = [], [], [], [], []  # the constraint matrix (COO) and row bounds
 
     def row(terms: list[tuple[int, float]], lo: float, hi: float) -> None:
         r = len(rlo)
@@ -368,7 +349,7 @@ def _model(graph: Graph, budget: int) -> _Model:
         need: list[list[int]] = []  # need[i][a]: i is still needed at its a-th user in stage t (or later)
         for i in range(t + 1):
             users = us[i][: bisect.bisect_right(us[i], t)]
-            P = [v.add(0.0, 1.0, False) for _ in users]
+            P = [add(0.0, 1.0, False) for _ in users]
             for a, j in enumerate(users):  # P[a] >= R[user a], P[a] >= P[a+1], last P >= S[t+1, i]
                 row([(R[j], 1.0), (P[a], -1.0)], -math.inf, 0.0)
                 row([(P[a + 1] if a + 1 < len(P) else Sn[i], 1.0), (P[a], -1.0)], -math.inf, 0.0)
@@ -377,8 +358,20 @@ def _model(graph: Graph, budget: int) -> _Model:
         def needed_at(i: int, k: int, need: list[list[int]] = need) -> int:  # "value i < k still needed at k"
             return need[i][bisect.bisect_left(us[i], k, hi=len(need[i]) - 1)]
 
-        # U[k] = memory (activations, scaled) at event k: running sum, one equality per event
-        U = [v.add(-math.inf, cap, False) for _ in range(t + 1)]
+        if direct:  # one row per event over every value: O(t^2) nonzeros, but HiGHS solves it far faster
+            r0 = len(rlo)
+            for i in range(t + 1):
+                ks = np.arange(i + 1, t + 1)  # events after i: "still needed" (a P, or S[t+1, i])
+                a = np.searchsorted(us[i][: len(need[i]) - 1], ks)
+                chunks.append((r0 + ks, np.asarray(need[i])[a], np.full(len(ks), size[i])))
+                if 0 < i < t:  # events before i: held from an earlier stage
+                    chunks.append((r0 + np.arange(i), np.full(i, S[i]), np.full(i, size[i])))
+            chunks.append((r0 + np.arange(t + 1), np.asarray(R), np.asarray(size[: t + 1])))
+            rlo.extend([-math.inf] * (t + 1))
+            rhi.extend([cap] * (t + 1))
+            continue
+        # U[k] = memory at event k as a running sum, one equality per event: O(t + edges) nonzeros
+        U = [add(-math.inf, cap, False) for _ in range(t + 1)]
         row([(U[0], 1.0), (R[0], -size[0])] + [(S[i], -size[i]) for i in range(1, t)], 0.0, 0.0)
         for k in range(1, t + 1):
             terms = [(U[k], 1.0), (U[k - 1], -1.0), (needed_at(k - 1, k), -size[k - 1]), (R[k - 1], size[k - 1]),
@@ -388,12 +381,15 @@ def _model(graph: Graph, budget: int) -> _Model:
             for i in graph.deps[k - 1]:
                 terms += [(needed_at(i, k), -size[i]), (needed_at(i, k - 1), size[i])]
             row(terms, 0.0, 0.0)
-    nv = len(v.lb)
+    nv = len(lb)
     c = np.zeros(nv)
     for t in range(n):
         c[Ri[t]] = np.asarray(graph.cost[: t + 1]) / cscale
-    A = coo_matrix((vals, (rows, cols)), shape=(len(rlo), nv)).tocsr()
-    return _Model(c, np.asarray(v.integer), v.lb, v.ub, A, rlo, rhi, Ri, Si, cscale)
+    rows_, cols_, vals_ = (np.concatenate([np.asarray(x, dtype=float if j == 2 else np.int64), *(c[j] for c in chunks)])
+                           for j, x in enumerate((rows, cols, vals)))
+    A = coo_matrix((vals_, (rows_, cols_)), shape=(len(rlo), nv)).tocsr()
+    return ({"c": c, "bounds": Bounds(lb, ub), "constraints": LinearConstraint(A, rlo, rhi)}, np.asarray(integer),
+            Ri, Si, cscale)
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False) -> Solution:
@@ -420,11 +416,9 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
 
     if budget < min_budget(graph):
         return result("infeasible")
-    m = _model(graph, budget)
-    res = milp(m.c, integrality=np.zeros(len(m.c)) if relax else m.integer, bounds=Bounds(m.lb, m.ub),
-               constraints=LinearConstraint(m.A, m.rlo, m.rhi),
+    args, integer, Ri, Si, cscale = _model(graph, budget)
+    res = milp(**args, integrality=0 * integer if relax else integer,
                options={"time_limit": float(time_limit), "disp": False})
-    cscale, Ri, Si = m.cscale, m.Ri, m.Si
     if res.status == 2:
         return result("infeasible")
     if res.x is None:
@@ -435,10 +429,10 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     if relax:
         return result("lp", compute=res.fun * cscale, bound=res.fun * cscale, gap=0.0)
     Rm, Sm = np.zeros((n, n), dtype=bool), np.zeros((n + 1, n), dtype=bool)
-    for t in range(n + 1):
-        if t < n:
-            Rm[t, : t + 1] = res.x[Ri[t]] > 0.5
-        Sm[t, :t] = res.x[Si[t]] > 0.5
+    for t, cols in enumerate(Ri):
+        Rm[t, : t + 1] = res.x[cols] > 0.5
+    for t, cols in enumerate(Si):
+        Sm[t, :t] = res.x[cols] > 0.5
     compute = float(sum(graph.cost[i] for t, i in zip(*np.nonzero(Rm), strict=True)))
     bound = res.mip_dual_bound * cscale if res.mip_dual_bound is not None else compute
     return result("optimal" if res.status == 0 else "feasible", compute, min(bound, compute),
