@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from torch_dtr.core import BudgetError
 
-BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps")
+BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
 MOD = (1 << 61) - 1
 
 

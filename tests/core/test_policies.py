@@ -3,6 +3,8 @@
 Scores (lowest evicted), staleness = clock - last_access, clock += cost of every recorded op:
   dtr_eq / dtr / dtr_local: (cost + extra) / (nbytes * staleness), extra = uf / exact / 0
   lru: 1 / staleness;  size: 1 / nbytes;  msps: (cost + evicted ancestors' cost) / nbytes
+  dtr_chain: (cost + nbhd + path) * sqrt(length) / (nbytes * staleness), extra = Chain(nbhd, path, length):
+    nbhd as uf; path: cost along the costliest evicted path above; length: longest evicted chain through it
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import math
 import pytest
 from coredrive import Driver, full_check
 
-from torch_dtr.core import DEFAULT_POLICY, POLICIES, BudgetError, Policy, Runtime, get_policy, register
+from torch_dtr.core import DEFAULT_POLICY, POLICIES, BudgetError, Policy, Runtime, Storage, get_policy, register
+from torch_dtr.core.policies import Chain
 
-BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps")
+BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
 
 
 @pytest.fixture(autouse=True)
@@ -27,11 +30,12 @@ def _restore_policies():
 
 def test_builtin_policies_registered() -> None:
     assert set(BUILTIN) <= set(POLICIES)
-    assert DEFAULT_POLICY == "dtr_eq"
-    assert Runtime(None).policy is POLICIES["dtr_eq"]
-    assert {POLICIES[n].extra for n in BUILTIN} == {"uf", "exact", "", "ancestors"}
+    assert DEFAULT_POLICY == "dtr_chain"
+    assert Runtime(None).policy is POLICIES["dtr_chain"]
+    assert {POLICIES[n].extra for n in BUILTIN} == {"uf", "exact", "", "ancestors", "chain"}
     assert POLICIES["dtr_eq"].extra == "uf" and POLICIES["dtr"].extra == "exact"
     assert POLICIES["dtr_local"].extra == "" and POLICIES["msps"].extra == "ancestors"
+    assert POLICIES["dtr_chain"].extra == "chain"
 
 
 def _only_victim(d: Driver, before: int, pool: dict[str, object]) -> str:
@@ -56,8 +60,9 @@ def _only_victim(d: Driver, before: int, pool: dict[str, object]) -> str:
 #   lru:   L 1/48 (the stalest)                                                             -> L
 #   size:  S 1/50 (the biggest)                                                             -> S
 #   msps:  L 8/10=0.8  H 2/10=0.2  S 40/50=0.8  M 1/10=0.1                                  -> M
+#   dtr_chain: Chain(0, 0, 1) for all, so h_DTR                                             -> H
 # tracked = 10 + 10 + 10 + 50 + 10 = 90; budget 100; reserve(20) must free 10 B: one eviction.
-SCENARIO1 = {"dtr_eq": "H", "dtr": "H", "dtr_local": "H", "lru": "L", "size": "S", "msps": "M"}
+SCENARIO1 = {"dtr_eq": "H", "dtr": "H", "dtr_local": "H", "lru": "L", "size": "S", "msps": "M", "dtr_chain": "H"}
 
 
 @pytest.mark.parametrize("policy", BUILTIN)
@@ -94,8 +99,9 @@ def test_scenario_independent_storages(policy: str) -> None:
 #   msps:      B (1+100)/10=10.1        D 2/12=0.167        -> D   (A is an evicted ancestor of B)
 #   lru:       B is the stalest                             -> B
 #   size:      D is the bigger                              -> D
+#   dtr_chain: B Chain(100, 100, 2): (1+100+100)*sqrt(2)/(10*9)=3.16   D 0.0238 -> D  (A: B's evicted input)
 # tracked = 10 + 10 + 12 = 32; budget 42; reserve(20) must free 10 B: one eviction.
-SCENARIO2 = {"dtr_eq": "D", "dtr": "D", "dtr_local": "B", "lru": "B", "size": "D", "msps": "D"}
+SCENARIO2 = {"dtr_eq": "D", "dtr": "D", "dtr_local": "B", "lru": "B", "size": "D", "msps": "D", "dtr_chain": "D"}
 
 
 def _scenario2(policy: str) -> tuple[Driver, dict[str, object]]:
@@ -115,7 +121,7 @@ def test_scenario_evicted_neighbour(policy: str) -> None:
     a, b, dd = s["A"], s["B"], s["D"]
     rt = d.rt
     assert not a.resident and not a.released and rt.drops == 1 and rt.evictions == 0
-    if policy == "dtr_eq":
+    if policy in ("dtr_eq", "dtr_chain"):
         assert a.uf is not None and a.uf.find().cost == 100
         assert rt._extra(b, "uf") == 100 and rt._extra(dd, "uf") == 0
     else:
@@ -152,8 +158,9 @@ def test_dtr_eq_and_dtr_local_disagree() -> None:
 #   dtr_eq:    same extra as dtr here (Q's component = {Q}, 50)    -> R
 #   dtr_local: P 1/60 = 0.0167                                    R 0.0054 -> R
 #   lru:       R (stalest)
+#   dtr_chain: P Chain(50, 0, 2) (Q is below P, not above): (1+50)*sqrt(2)/(10*6)=1.20  R 0.0054 -> R
 # tracked = 10 + 10 + 10 = 30; budget 40; reserve(20): one eviction.
-SCENARIO3 = {"dtr_eq": "R", "dtr": "R", "dtr_local": "R", "lru": "R", "msps": "P"}
+SCENARIO3 = {"dtr_eq": "R", "dtr": "R", "dtr_local": "R", "lru": "R", "msps": "P", "dtr_chain": "R"}
 
 
 @pytest.mark.parametrize("policy", sorted(SCENARIO3))
@@ -171,6 +178,119 @@ def test_scenario_msps_ancestors_only(policy: str) -> None:
     rt.reserve(20)
     assert _only_victim(d, 1, {"P": p, "R": r}) == SCENARIO3[policy]
     assert d.read(q) == 20
+
+
+# ---------------------------------------------------------------------------------------------- scenario 4
+# dtr_chain counts what bringing a candidate back costs (its evicted inputs' path) on top of the union-find
+# neighbourhood, so an evicted ANCESTOR weighs more than an evicted child; dtr_eq counts both the same.
+#   A = f(c) cost 30, 10 B  clock 30
+#   P = g(A) cost 2,  10 B  clock 32  (A, P last_access 32)
+#   Q = h(c) cost 2,  10 B  clock 34
+#   K = k(Q) cost 30, 10 B  clock 64  (Q, K last_access 64); then A and K are evicted by hand
+#   tick 40                 clock 104
+# staleness: P 72, Q 40. Extras: P Chain(30, 30, 2) (A above it), Q Chain(30, 0, 2) (K below it).
+#   dtr_eq:    P (2+30)/(10*72) = 0.0444          Q (2+30)/(10*40) = 0.08            -> P
+#   dtr:       same as dtr_eq                                                       -> P
+#   dtr_chain: P (2+30+30)*sqrt(2)/(10*72) = 0.122  Q (2+30+0)*sqrt(2)/(10*40) = 0.113 -> Q
+# tracked = c 10 + P 10 + Q 10 = 30; budget 30; reserve(10): one eviction.
+SCENARIO4 = {"dtr_eq": "P", "dtr": "P", "dtr_chain": "Q"}
+
+
+@pytest.mark.parametrize("policy", sorted(SCENARIO4))
+def test_scenario_chain_counts_the_path_above(policy: str) -> None:
+    d = Driver(None, policy)  # the budget is set once the graph is built
+    c = d.const(10, 1)
+    a = d.op1([c], 30, 10, lambda v: v + 1)
+    p = d.op1([a], 2, 10, lambda v: v * 2)
+    q = d.op1([c], 2, 10, lambda v: v + 3)
+    k = d.op1([q], 30, 10, lambda v: v * 5)
+    rt = d.rt
+    rt.evict(a)
+    rt.evict(k)
+    d.tick(40)
+    rt.budget = 30
+    rt.reset_peak()
+    assert rt.clock == 104 and rt.clock - p.last_access == 72 and rt.clock - q.last_access == 40
+    assert rt._extra(p, "exact") == 30 and rt._extra(q, "exact") == 30
+    if policy == "dtr_chain":
+        assert Runtime._chain(p) == Chain(30, 30, 2) and Runtime._chain(q) == Chain(30, 0, 2)
+    rt.reserve(10)
+    assert _only_victim(d, 2, {"P": p, "Q": q}) == SCENARIO4[policy]
+    assert (d.read(p), d.read(q), d.read(k), d.read(a)) == (4, 4, 20, 2)
+    full_check(rt)
+
+
+# ---------------------------------------------------------------------------------------------- scenario 5
+# The same neighbourhood and path cost; only the length of the evicted chain differs.
+#   A1 = f(c)  cost 1   clock 1
+#   A2 = f(A1) cost 1   clock 2
+#   A3 = f(A2) cost 1   clock 3
+#   X  = f(A3) cost 1   clock 4   (X last_access 4)
+#   Y0 = f(c)  cost 3   clock 7
+#   Y  = f(Y0) cost 1   clock 8   (Y last_access 8); then A1, A2, A3, Y0 are evicted by hand, in that order
+#   tick 12             clock 20
+# (chain_up, chain_down, path_cost): A1 (1, 2, 1), A2 (2, 2, 2), A3 (3, 1, 3), Y0 (1, 1, 3): each is evicted
+# below an evicted input and pushes chain_down one step up (A1 is two steps from A3: 2, not 3).
+# staleness: X 16, Y 12. Extras: X Chain(3, 3, 4) (component {A1, A2, A3}; chain A1-A2-A3-X),
+# Y Chain(3, 3, 2).
+#   dtr_eq:    X (1+3)/(10*16) = 0.025                Y (1+3)/(10*12) = 0.0333         -> X
+#   dtr_chain: X (1+3+3)*sqrt(4)/(10*16) = 0.0875     Y (1+3+3)*sqrt(2)/(10*12) = 0.0825 -> Y
+# tracked = c 10 + X 10 + Y 10 = 30; budget 30; reserve(10): one eviction.
+SCENARIO5 = {"dtr_eq": "X", "dtr_chain": "Y"}
+
+
+def _scenario5(policy: str, order: str) -> tuple[Driver, dict[str, Storage]]:
+    d = Driver(None, policy)  # the budget is set once the graph is built
+    c = d.const(10, 1)
+    a1 = d.op1([c], 1, 10, lambda v: v + 1)
+    a2 = d.op1([a1], 1, 10, lambda v: v + 1)
+    a3 = d.op1([a2], 1, 10, lambda v: v + 1)
+    x = d.op1([a3], 1, 10, lambda v: v * 10)
+    y0 = d.op1([c], 3, 10, lambda v: v - 1)
+    y = d.op1([y0], 1, 10, lambda v: v - 1)
+    chain = {"A1": a1, "A2": a2, "A3": a3}
+    for name in order.split():
+        d.rt.evict(chain[name])
+    d.rt.evict(y0)
+    d.tick(12)
+    d.rt.budget = 30
+    d.rt.reset_peak()
+    return d, {"X": x, "Y": y, "Y0": y0, **chain}
+
+
+@pytest.mark.parametrize("policy", sorted(SCENARIO5))
+def test_scenario_chain_penalizes_long_evicted_chains(policy: str) -> None:
+    d, s = _scenario5(policy, "A1 A2 A3")
+    rt = d.rt
+    x, y = s["X"], s["Y"]
+    assert rt.clock - x.last_access == 16 and rt.clock - y.last_access == 12
+    assert rt._extra(x, "exact") == 3 and rt._extra(y, "exact") == 3
+    if policy == "dtr_chain":  # only the "chain" kind keeps the estimates
+        assert [(s[k].chain_up, s[k].chain_down, s[k].path_cost) for k in ("A1", "A2", "A3", "Y0")] == [
+            (1, 2, 1), (2, 2, 2), (3, 1, 3), (1, 1, 3)]
+        assert Runtime._chain(x) == Chain(3, 3, 4) and Runtime._chain(y) == Chain(3, 3, 2)
+    rt.reserve(10)
+    assert _only_victim(d, 4, {"X": x, "Y": y}) == SCENARIO5[policy]
+    assert d.read(x) == 40 and d.read(y) == -1
+    full_check(rt)
+
+
+def test_chain_estimates_are_pushed_one_step_only() -> None:
+    # NOTE [ Evicted chains ] 1-2: evicting the chain bottom-up (A3, A2, A1) pushes each value one step down;
+    # A3 is two steps from A1, so it does not learn about A1 (true chain_up 3, path 3; estimated 2, 2).
+    d, s = _scenario5("dtr_chain", "A3 A2 A1")
+    assert [(s[k].chain_up, s[k].chain_down, s[k].path_cost) for k in ("A1", "A2", "A3")] == [
+        (1, 3, 1), (2, 2, 2), (2, 1, 2)]
+    assert Runtime._chain(s["X"]) == Chain(3, 2, 3)
+    # a rematerialization changes no estimate; the storage's own are reset when it is evicted again
+    rt = d.rt
+    rt.budget = None
+    assert d.read(s["A3"]) == 4 and d.read(s["X"]) == 40
+    assert all(s[k].resident for k in ("A1", "A2", "A3"))
+    assert (s["A3"].chain_up, s["A3"].path_cost) == (2, 2)
+    rt.evict(s["A2"])
+    assert (s["A2"].chain_up, s["A2"].chain_down, s["A2"].path_cost) == (1, 1, 1)
+    full_check(rt)
 
 
 # ---------------------------------------------------------------------------------------------- get_policy

@@ -10,7 +10,7 @@ from coredrive import Driver, full_check
 
 from torch_dtr.core import BudgetError, InternalError, Stats, fmt_bytes
 
-BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps")
+BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
 
 
 # ---------------------------------------------------------------------------------------------- the budget

@@ -59,7 +59,8 @@ class Storage:
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "uf", "released", "forward", "__weakref__",
+        "last_access", "children", "uf", "released", "forward", "chain_up", "chain_down", "path_cost",
+        "__weakref__",
     )  # fmt: skip
 
     def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
@@ -77,6 +78,10 @@ class Storage:
         self.uf: UFNode | None = None  # set of evicted neighbours while evicted (h_DTR^eq)
         self.released = False
         self.forward: Storage | None = None  # newer version after an in-place write
+        # while evicted, kept by the "chain" extra kind (``Runtime._note_chain``; stale estimates, O(neighbours)):
+        self.chain_up = 1  # storages on the longest evicted path ending here (this one included)
+        self.chain_down = 1  # storages on the longest evicted path starting here (this one included)
+        self.path_cost = op.cost if op is not None else 0.0  # recipe cost along the costliest such path up
 
     @property
     def cost(self) -> float:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .memory import Drop, Memory
-from .policies import Policy, get_policy
+from .policies import DEFAULT_POLICY, Chain, Policy, get_policy
 from .records import Op, Storage, UFNode
 
 
@@ -81,7 +81,7 @@ class Runtime:
     def __init__(
         self,
         budget: int | None,
-        policy: str | Policy = "dtr_eq",
+        policy: str | Policy = DEFAULT_POLICY,
         *,
         sample_sqrt: bool = False,
         min_evict_bytes: int | None = None,
@@ -359,6 +359,8 @@ class Runtime:
             return sum(n.cost for n in self._evicted_component(s.neighbours()))
         if kind == "ancestors":
             return sum(n.cost for n in self._evicted_component(s.op.inputs if s.op else (), up_only=True))
+        if kind == "chain":
+            return self._chain(s)
         raise InternalError(f"torch_dtr internal error: unknown extra kind {kind!r}")
 
     @staticmethod
@@ -384,11 +386,75 @@ class Runtime:
     def _evict(self, s: Storage) -> None:
         self._unresident(s)
         self.victim.evict(s)
-        if self.policy.extra == "uf":
+        kind = self.policy.extra
+        if kind == "uf" or kind == "chain":
             node = s.uf = UFNode(s.cost)
             for n in s.neighbours():
                 if n.uf is not None and not n.resident and not n.released:
                     node.union(n.uf)
+            if kind == "chain":
+                self._note_chain(s)
+
+    # NOTE [ Evicted chains ]
+    #
+    # The "chain" extra kind keeps, on each evicted storage, three estimates about the evicted paths through
+    # it (paths along recipe edges whose storages are all evicted):
+    #   chain_up:   storages on the longest such path ending at it (its recipe's evicted inputs, theirs, ...);
+    #   chain_down: storages on the longest such path starting at it (evicted users' outputs, theirs, ...);
+    #   path_cost:  summed recipe cost along the costliest path up (what recomputing it runs at least).
+    # 1. They are set when the storage is evicted, from its evicted neighbours' values, and pushed one step
+    #    to those neighbours (an evicted user's output now has this one above it, an evicted input this one
+    #    below it). So an eviction and a candidate's score both cost O(neighbours), never O(graph).
+    # 2. The price: they are estimates. A value further than one step from a later eviction is not updated
+    #    (lengths and costs can be low), and a rematerialization updates nothing (they can be high until the
+    #    storage is evicted again). A resident storage's values are never read (only evicted neighbours'
+    #    are); one made non-resident by an in-place write (``new_version``) keeps the values it had.
+    # 3. The policy uses them to see (a) what bringing a candidate back costs beyond its own recipe, which the
+    #    union-find neighbourhood blurs once components grow (on the LSTM log nearly every dropped storage is
+    #    in one component), and (b) how long a chain of evicted storages the eviction would make: a long
+    #    chain is recomputed by a deep cascade that holds locks at every level (NOTE [ Locks during
+    #    rematerialization ]) and can run out of budget halfway.
+    @staticmethod
+    def _note_chain(s: Storage) -> None:
+        up = down = 0
+        path = 0.0
+        op = s.op
+        ins = [i for i in op.inputs if not i.resident and not i.released] if op is not None else []
+        outs = [o for c in s.children for o in c.outputs if not o.resident and not o.released]
+        for i in ins:
+            up = max(up, i.chain_up)
+            path = max(path, i.path_cost)
+        for o in outs:
+            down = max(down, o.chain_down)
+        s.chain_up, s.chain_down = up + 1, down + 1
+        s.path_cost = s.cost + path
+        for o in outs:
+            o.chain_up = max(o.chain_up, up + 2)
+            o.path_cost = max(o.path_cost, o.cost + s.path_cost)
+        for i in ins:
+            i.chain_down = max(i.chain_down, down + 2)
+
+    @staticmethod
+    def _chain(s: Storage) -> Chain:
+        """The "chain" extra of a resident candidate (NOTE [ Evicted chains ]), in one pass over its neighbours."""
+        roots: set[UFNode] = set()
+        up = down = 0
+        path = 0.0
+        op = s.op
+        if op is not None:
+            for i in op.inputs:
+                if not i.resident and not i.released:
+                    up = max(up, i.chain_up)
+                    path = max(path, i.path_cost)
+                    if i.uf is not None:
+                        roots.add(i.uf.find())
+        for c in s.children:
+            for o in c.outputs:
+                if not o.resident and not o.released:
+                    down = max(down, o.chain_down)
+                    if o.uf is not None:
+                        roots.add(o.uf.find())
+        return Chain(sum(r.cost for r in roots), path, up + down + 1)
 
     # ------------------------------------------------------------------ rematerialization
     def lock(self, storages: Sequence[Storage]) -> None:

@@ -16,6 +16,9 @@ object) and the clock advances by the logged op times instead of measured ones.
 #    a budget below the constants is an ``oom``. Constants released by every name are freed.
 # 4. A MUTATE is a pure op reading all its arguments that produces a new storage (same bytes) for each
 #    mutated argument; the mutating name is rebound to it and its reference to the old version dropped.
+#    A write to a pinned storage (a constant: a parameter updated by the optimizer, a BatchNorm running
+#    statistic) gives a pinned new version, as live (NOTE [ In-place mutation ]: a mutation of a constant
+#    is never replayed). The DTR authors' logs mutate only gradients, so this changes nothing there.
 # 5. Before an op: evicted inputs are rematerialized, inputs locked, the outputs' bytes reserved. The
 #    op's time advances the clock (``Runtime.record``); rematerializations add their recipe's time.
 # 6. Names still referring to a tensor when the log ends are the iteration's outputs: their storages are
@@ -31,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..core import BudgetError, Policy, Runtime, Storage
+from ..core import DEFAULT_POLICY, BudgetError, Policy, Runtime, Storage
 from .log import Call, Constant, Copy, Log, Mutate, Release
 
 THRASH_AT = 2.0
@@ -158,10 +161,17 @@ class Replay:
             written = list(dict.fromkeys(self._storage(ins_.args[i]) for i in ins_.mutated))
             rt.where = ins_.name
             rt.reserve(sum(s.nbytes for s in written))
-            op = rt.record(ins, ins_.time_ns, None, ins_.name)
-            op.compute = _Fake(op)
+            replayed = [s for s in written if not s.pinned]
+            if replayed:
+                op = rt.record(ins, ins_.time_ns, None, ins_.name)
+                op.compute = _Fake(op)
+            else:  # every write went to a pinned storage: nothing to replay (NOTE 4)
+                op = None
+                rt.clock += ins_.time_ns
+                for s in ins:
+                    s.last_access = rt.clock
             rt.ops += 1
-            news = {s: rt.output(op, s.nbytes, _RESIDENT) for s in written}
+            news = {s: rt.output(None if s.pinned else op, s.nbytes, _RESIDENT) for s in written}
             rebind = [(ins_.args[i], news[self._storage(ins_.args[i])]) for i in dict.fromkeys(ins_.mutated)]
         finally:
             for s in ins:
@@ -228,7 +238,7 @@ def no_eviction_peak(log: Log) -> int:
     return rt.memory.peak
 
 
-def simulate(log: Log, policy: str | Policy = "dtr_eq", *, ratio: float | None = None, budget: int | None = None,
+def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | None = None, budget: int | None = None,
              peak: int | None = None, thrash_at: float | None = THRASH_AT, **runtime_options: Any) -> Outcome:
     """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known)."""
     if (ratio is None) == (budget is None):
