@@ -59,12 +59,14 @@ def shared_logs(logdir: Path, policies: list[str], lines: list[str], img: Path) 
             outs += [replay.simulate(lg, p, ratio=r, peak=peak) for r in RATIOS]
         sq = sqrt_checkpoint(lg, peak)
         series[name] = (peak, outs, [sq])
-        lines += [f"### {name}: {lg.op_count()} ops, {lg.op_time_ns() / 1e6:.1f} ms, no-eviction peak {fmt_bytes(peak)}",
+        lines += [f"### {name}: {lg.op_count()} ops, {lg.op_time_ns() / 1e6:.1f} ms, "
+                  f"no-eviction peak {fmt_bytes(peak)}",
                   "", "| policy | " + " | ".join(f"{r:g}" for r in RATIOS) + " | replay s (max) |",
                   "| --- " * (len(RATIOS) + 2) + "|"]
         for p in policies:
             row = [o for o in outs if o.policy == p]
-            lines.append(f"| {p} | " + " | ".join(_cell(o) for o in row) + f" | {max(o.wall_seconds for o in row):.2f} |")
+            wall = max(o.wall_seconds for o in row)
+            lines.append(f"| {p} | " + " | ".join(_cell(o) for o in row) + f" | {wall:.2f} |")
         for label, ref in (("reference h_DTR (union-find)", REFERENCE), ("reference h_DTR (exact)", REFERENCE_EXACT)):
             vals = dict(zip(REF_RATIOS, ref[name], strict=True))
             lines.append(f"| *{label}* | " + " | ".join(f"{vals[r]:.2f}" if r in vals else "" for r in RATIOS) + " | |")

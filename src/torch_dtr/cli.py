@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("record", help="run a PyTorch script and write one training iteration as an operator log",
                        usage="torch-dtr record --out LOG [--iteration N] SCRIPT [ARGS ...]")
     r.add_argument("script", help="the Python script to run")
-    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (options for torch-dtr go before SCRIPT)")
+    r.add_argument("args", nargs=argparse.REMAINDER,
+                   help="arguments for the script (options for torch-dtr go before SCRIPT)")
     r.add_argument("--out", "-o", required=True, help="log file to write")
     r.add_argument("--iteration", type=int, default=2,
                    help="which iteration to record, counted in optimizer steps (default 2: after one warm-up)")

@@ -119,7 +119,3 @@ def sqrt_checkpoint(log: Log, peak: int | None = None) -> Outcome:
         rematerializations=rt.rematerializations, accesses=0, peak_bytes=rt.memory.peak, ops=rt.ops,
         wall_seconds=wall, search_seconds=0.0,
     )
-
-
-def ops_of(log: Log) -> int:
-    return sum(1 for i in log.measured if type(i) in (Call, Mutate))

@@ -139,7 +139,8 @@ def _parse(lines: Iterable[str], source: str) -> Iterator[tuple[int, Instr]]:
         except json.JSONDecodeError as e:
             raise LogError(f"{where}: not JSON ({e.msg} at column {e.colno}): {raw.strip()[:80]!r}") from None
         if not isinstance(d, dict) or "INSTRUCTION" not in d:
-            raise LogError(f"{where}: a log line must be a JSON object with an 'INSTRUCTION' field, got {raw.strip()[:80]!r}")
+            raise LogError(f"{where}: a log line must be a JSON object with an 'INSTRUCTION' field, "
+                           f"got {raw.strip()[:80]!r}")
         kind = d["INSTRUCTION"]
         if kind in ("MEMORY", "ALIAS"):
             name = _name(d, "NAME", where)
@@ -149,8 +150,9 @@ def _parse(lines: Iterable[str], source: str) -> Iterator[tuple[int, Instr]]:
             if kind in due:
                 raise LogError(f"{where}: second {kind} line for {name!r}")
             due[kind] = _int(d, kind, where)
-            if due[kind] < (-1 if kind == "ALIAS" else 0):
-                raise LogError(f"{where}: {kind} of {name!r} must be >= {-1 if kind == 'ALIAS' else 0}, got {due[kind]}")
+            low = -1 if kind == "ALIAS" else 0
+            if due[kind] < low:
+                raise LogError(f"{where}: {kind} of {name!r} must be >= {low}, got {due[kind]}")
             if kind == "ALIAS" and due[kind] >= len(pending.get("args", ())):
                 raise LogError(f"{where}: ALIAS {due[kind]} of {name!r} is not an argument index of its CALL "
                                f"(it has {len(pending.get('args', ()))} arguments)")
@@ -159,8 +161,8 @@ def _parse(lines: Iterable[str], source: str) -> Iterator[tuple[int, Instr]]:
                 pending = None
             continue
         if pending is not None:
-            missing = [f"{k} of {n!r}" for n, v in pending["due"].items() for k in ("MEMORY", "ALIAS")[: pending["need"]]
-                       if k not in v]
+            kinds = ("MEMORY", "ALIAS")[: pending["need"]]
+            missing = [f"{k} of {n!r}" for n, v in pending["due"].items() for k in kinds if k not in v]
             raise LogError(f"{where}: {kind} arrived before {', '.join(missing)} "
                            f"(due after line {pend_line})")
         if kind == "CALL":

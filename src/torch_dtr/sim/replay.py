@@ -127,6 +127,13 @@ class Replay:
             s.locks += 1
         return ins
 
+    def _untracked(self, ins: list[Storage], cost: int) -> None:
+        """An op that leaves no recipe: it advances the clock and touches its inputs."""
+        rt = self.rt
+        rt.clock += cost
+        for s in ins:
+            s.last_access = rt.clock
+
     def _call(self, ins_: Call) -> None:
         rt = self.rt
         ins = self._prepare(ins_.args)
@@ -139,11 +146,9 @@ class Replay:
             if fresh:
                 op = rt.record(ins, cost, None, ins_.name)
                 op.compute = _Fake(op)
-            else:  # only views: advance the clock, touch the inputs
+            else:  # only views
                 op = None
-                rt.clock += cost
-                for s in ins:
-                    s.last_access = rt.clock
+                self._untracked(ins, cost)
             rt.ops += 1
             for r in ins_.results:
                 s = rt.output(op, r.nbytes, _RESIDENT) if r.alias < 0 else self._storage(ins_.args[r.alias])
@@ -167,9 +172,7 @@ class Replay:
                 op.compute = _Fake(op)
             else:  # every write went to a pinned storage: nothing to replay (NOTE 4)
                 op = None
-                rt.clock += ins_.time_ns
-                for s in ins:
-                    s.last_access = rt.clock
+                self._untracked(ins, ins_.time_ns)
             rt.ops += 1
             news = {s: rt.output(None if s.pinned else op, s.nbytes, _RESIDENT) for s in written}
             rebind = [(ins_.args[i], news[self._storage(ins_.args[i])]) for i in dict.fromkeys(ins_.mutated)]
