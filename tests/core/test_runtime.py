@@ -311,13 +311,34 @@ def test_drop_with_live_dependent_evicts_then_cascades() -> None:
     assert d.events[-1] == ("drop", a)
     full_check(rt)
     rt.evict(b)
-    assert d.read(b) == 10  # a is recomputed on the way
-    assert a.resident and rt.rematerializations == 2
+    assert d.read(b) == 10  # a is recomputed on the way, then dropped again: it has no handle (remat rule 6)
+    assert not a.resident and rt.rematerializations == 2 and rt.drops == 2
+    assert d.events[-1] == ("drop", a)
     full_check(rt)
     rt.drop_ref(b)  # the dependent dies: b, then a are released
     assert a.released and b.released
     assert rt.stats().live_storages == 1 and rt.memory.tracked == 10 and c.deps == 0
     assert [s for k, s in d.events if k == "release"] == [b, a]
+    full_check(rt)
+
+
+def test_handleless_intermediate_stays_while_another_reader_is_evicted() -> None:
+    """Remat rule 6: a storage without handles that was recomputed only to feed a reader is dropped again
+    once every reader is resident, and kept (to the policy) while one is still evicted."""
+    d = Driver(None)
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 30, lambda v: v + 1)
+    b = d.op1([a], 1, 20, lambda v: v * 5)
+    e = d.op1([a], 1, 20, lambda v: v * 7)
+    rt.drop_ref(a)
+    rt.evict(b)
+    rt.evict(e)
+    assert not a.resident and rt.drops == 1
+    assert d.read(b) == 10
+    assert a.resident and rt.drops == 1  # e, another reader of a, is still evicted: a stays
+    full_check(rt)
+    assert d.read(e) == 14 and rt.rematerializations == 3  # a was not recomputed again
     full_check(rt)
 
 
@@ -411,14 +432,17 @@ def test_new_version_semantics() -> None:
     full_check(rt)
     # a dependent recorded before the write still sees the OLD value
     rt.evict(b)
-    assert d.read(b) == [20]
-    assert old.resident and old.payload == [10] and new.payload == [15]
-    assert rt.memory.tracked == tracked + 16  # old is a storage of its own again
+    drops = rt.drops
+    assert d.read(b) == [20] and new.payload == [15]
+    # old was brought back (as a storage of its own) only to feed b's recipe; it has no handle, so it is
+    # evicted again once b is resident (remat rule 6) and the tracked bytes are back where they were
+    assert not old.resident and rt.drops == drops + 1 and rt.rematerializations == 2
+    assert rt.memory.tracked == tracked
     full_check(rt)
-    # the new version is recomputed from the old one
+    # the new version is recomputed from the old one, which is again dropped afterwards
     rt.evict(new)
-    rt.evict(old)
-    assert d.read(new) == [15] and old.resident and old.payload == [10]
+    assert d.read(new) == [15] and not old.resident and rt.rematerializations == 4
+    assert rt.memory.tracked == tracked
     full_check(rt)
 
 

@@ -24,6 +24,7 @@ from . import workloads
 
 RATIOS = (1.0, 0.7, 0.5, 0.3)
 COMPILE_BUDGETS = (0.5, 0.3)
+REMATS_PER_OP = 3  # the search's feasibility rule: a step may recompute at most 3 x its op count
 
 
 @dataclass
@@ -53,20 +54,23 @@ def _spawn(spec: dict, timeout: float) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _contenders(plan: Plan, name: str, peak: int, min_ratio: float | None) -> list[dict]:
+def _contenders(plan: Plan, name: str, peak: int, min_ratio: float | None, ops: int) -> list[dict]:
     cs: list[dict] = [{"kind": "plain", "label": "plain PyTorch"}]
+    cap = REMATS_PER_OP * ops  # a step past this is stopped and reported as thrashing (as in the search)
     for r in RATIOS:
-        cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "label": f"torch-dtr {r:.0%}"})
+        cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "label": f"torch-dtr {r:.0%}",
+                   "max_remats": cap})
     if min_ratio is not None:
         r = min(1.0, min_ratio * 1.03)  # a little above the bisection's edge: eviction choices vary run to run
         cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "label": f"torch-dtr min ({r:.0%})",
-                   "is_min": True})
+                   "is_min": True, "max_remats": cap})
     if name in workloads.CHECKPOINTABLE:
         cs.append({"kind": "ckpt_block", "label": "checkpoint every block"})
         cs.append({"kind": "ckpt_sqrt", "label": "checkpoint sqrt(n) segments"})
     if not plan.quick and name != "lstm":
-        for mb in COMPILE_BUDGETS:
-            cs.append({"kind": "compile", "mem_budget": mb, "label": f"torch.compile budget {mb}"})
+        for mb in COMPILE_BUDGETS:  # one round only (compiling takes a while), with every round's steps
+            cs.append({"kind": "compile", "mem_budget": mb, "label": f"torch.compile budget {mb}",
+                       "steps": plan.steps * plan.rounds})
     return cs
 
 
@@ -88,7 +92,8 @@ def run(plan: Plan) -> dict[str, Any]:
         results["workloads"][name] = w
         common = base | {"workload": name, "size": size.__dict__}
         bar.set_description(f"{name}: smallest budget")
-        search = _spawn(common | {"kind": "search", "label": "search", "tolerance": 0.02 if plan.quick else 0.01},
+        search = _spawn(common | {"kind": "search", "label": "search", "tolerance": 0.02 if plan.quick else 0.01,
+                                  "remat_per_op": REMATS_PER_OP},
                         timeout)
         bar.update(1)
         w["search"] = search
@@ -96,7 +101,7 @@ def run(plan: Plan) -> dict[str, Any]:
             w["error"] = search["error"]
             continue
         peak = search["peak_tracked"]
-        cs = _contenders(plan, name, peak, search.get("min_ratio"))
+        cs = _contenders(plan, name, peak, search.get("min_ratio"), search["ops"])
         runs: dict[str, list[dict]] = {c["label"]: [] for c in cs}
         for rnd in range(plan.rounds):
             for c in cs:
@@ -109,11 +114,11 @@ def run(plan: Plan) -> dict[str, Any]:
         bar.set_description(f"{name}: memory timeline")
         tl_ratio = max(0.5, min(1.0, search["min_ratio"] * 1.1))
         w["timeline"] = _spawn(common | {"kind": "timeline", "budget": int(peak * tl_ratio), "ratio": tl_ratio,
-                                         "label": "timeline"}, timeout)
+                                         "label": "timeline", "max_remats": REMATS_PER_OP * search["ops"]}, timeout)
         bar.update(1)
         if name != "lstm":
             bar.set_description(f"{name}: batch scaling")
-            w["scale"] = _spawn(common | {"kind": "scale", "label": "scale",
+            w["scale"] = _spawn(common | {"kind": "scale", "label": "scale", "remat_cap": REMATS_PER_OP * search["ops"],
                                           "multiples": (2,) if plan.quick else (2, 3, 4)}, timeout * 2)
         bar.update(1)
     bar.close()

@@ -42,11 +42,16 @@ class Thrash(RuntimeError):
     pass
 
 
+_STEP_START = [0]  # the runtime's rematerialization count when the current step began (see _train)
+
+
 def _cap_remats(limit: int) -> None:
+    """Stop a thrashing step: raise ``Thrash`` once one step has run more than ``limit`` recomputations."""
     rt = torch_dtr.runtime()
+    _STEP_START[0] = rt.rematerializations
 
     def on_event(kind: str, _s: object) -> None:
-        if kind == "remat" and rt.rematerializations > limit:
+        if kind == "remat" and rt.rematerializations - _STEP_START[0] > limit:
             raise Thrash(f"more than {limit} recomputations in one step")
 
     rt.on_event = on_event
@@ -57,6 +62,9 @@ def _train(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict
     warm = spec["warmup"]
     for i, b in enumerate(batches):
         torch.manual_seed(100 + i)
+        rt = torch_dtr.runtime() if torch_dtr.enabled() else None
+        if rt is not None:
+            _STEP_START[0] = rt.rematerializations
         t0 = time.perf_counter()
         loss = step(model, b)
         dt = time.perf_counter() - t0
@@ -108,7 +116,7 @@ def run(spec: dict) -> dict:
         res["compile_s"] = time.perf_counter() - t0
     if kind == "dtr":
         torch_dtr.enable(budget=spec["budget"])
-        _cap_remats(spec.get("max_remats", 10**9))
+        _cap_remats(spec.get("max_remats", 10**9))  # per step; run.py passes 3 x ops per step, as the search
     try:
         res |= _train(spec, model, batches, step)
     except (torch_dtr.BudgetError, Thrash) as e:
@@ -202,13 +210,21 @@ def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> d
         trace: list[int] = []
         events: list[tuple[str, int]] = []
         f.trace = trace
-        rt.on_event = lambda kind, _s: events.append((kind, len(trace))) if kind in ("evict", "remat") else None  # noqa: B023
+        cap = spec.get("max_remats", 10**9)
+
+        def on_event(kind: str, _s: object, rt: Any = rt, trace: list = trace, events: list = events) -> None:
+            if kind in ("evict", "remat"):
+                events.append((kind, len(trace)))
+            if kind == "remat" and rt.rematerializations > cap:
+                raise Thrash(f"more than {cap} recomputations in one step")
+
+        rt.on_event = on_event
         marks: list[int] = []
         try:
             torch.manual_seed(0)
             step(model, batches[1 % len(batches)], lambda: marks.append(len(trace)))  # noqa: B023
-        except torch_dtr.BudgetError as e:
-            out["error"] = f"at {label}: BudgetError: {str(e)[:200]}"
+        except (torch_dtr.BudgetError, Thrash) as e:
+            out["error"] = f"at {label}: {type(e).__name__}: {str(e)[:200]}"
         finally:
             f.trace = None
             rt.on_event = None

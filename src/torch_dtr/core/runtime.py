@@ -483,11 +483,22 @@ class Runtime:
         #    state) the oldest input is the one with the long chain behind it; doing it first means no frame
         #    on that chain holds a locked sibling while the chain is recomputed below it (siblings done
         #    first held one locked gate per time step: 458 storages, 1.5 GiB, on the LSTM log).
+        # 6. Intermediates without handles (``refs == 0``: old versions of in-place writes, values whose
+        #    tensors died but whose readers live) were brought back only to feed the recipes above them.
+        #    When the whole rematerialization is done, those whose every reader's outputs are resident
+        #    again are evicted at once (as NOTE [ Lifetimes ] 3 evicts such a storage when its last handle
+        #    dies) and counted as drops. Kept, they were the freshest storages in memory, so the policy
+        #    evicted everything else first: on a live LSTM step (an in-place write per gate, so five
+        #    versions per time step) that turned a 70% budget into 116,000 recomputations in one step.
+        #    One with a reader still evicted stays (to the policy): it is likely needed again soon, and
+        #    dropping it too made a recorded MLP log infeasible at 0.9 of its peak (the readers' next
+        #    rematerialization had to recompute it again with more locked at once).
         """
         if target.resident:
             return
         # frame: [storage, locks held for its recipe, index of the frame that asked for it]
         frames: list[tuple[Storage, list[Storage], int]] = [(target, [], -1)]
+        brought: list[Storage] = []  # storages recomputed on the way to the target (rule 6)
         try:
             while frames:
                 s, held, parent = frames[-1]
@@ -506,6 +517,8 @@ class Runtime:
                         i.locks += 1
                         held.append(i)
                     self._recompute(op)
+                    if parent >= 0:
+                        brought.append(s)
                 frames.pop()
                 self.unlock(held)
                 if parent >= 0:
@@ -515,6 +528,14 @@ class Runtime:
             for _, held, _ in frames:
                 self.unlock(held)
             raise
+        finally:
+            for s in brought:  # rule 6
+                if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
+                        and all(o.resident or o.released for c in s.children for o in c.outputs)):
+                    self._evict(s)
+                    self.drops += 1
+                    if self.on_event:
+                        self.on_event("drop", s)
 
     def _recompute(self, op: Op) -> None:
         where, self.where = self.where, f"recomputing {op.name or 'an op'}"
