@@ -203,6 +203,7 @@ def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> d
 
     out: dict[str, Any] = {}
     step(model, batches[0])  # warm up (lazy optimizer state, caches)
+    cap = spec.get("max_remats", 10**9)
     for label, budget in (("unbounded", None), ("bounded", spec["budget"])):
         torch_dtr.enable(budget=budget)
         f = _front._ACTIVE
@@ -210,7 +211,6 @@ def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> d
         trace: list[int] = []
         events: list[tuple[str, int]] = []
         f.trace = trace
-        cap = spec.get("max_remats", 10**9)
 
         def on_event(kind: str, _s: object, rt: Any = rt, trace: list = trace, events: list = events) -> None:
             if kind in ("evict", "remat"):
