@@ -28,7 +28,42 @@ def test_quick_bench_writes_report_and_plots(tmp_path):
     w = results["workloads"]["gpt2"]
     assert w["search"]["peak_tracked"] > 0 and 0 < w["search"]["min_ratio"] <= 1
     assert w["contenders"]["plain PyTorch"]["step_s"] > 0
+    assert "## Targets" in md and "| gpt2 | step-time ratio at 100% of peak | <= 1.05 |" in md
+    assert "| gpt2 | smallest feasible budget | <= 25% |" in md
     for kind in ("timeline", "frontier"):
         png = out / "img" / f"bench_gpt2_{kind}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"
         assert f"img/bench_gpt2_{kind}.png" in md
+
+
+def _contender(kind: str, step: float, **kw: float) -> dict:
+    return {"kind": kind, "step_s": step, **kw}
+
+
+def test_targets_table_judges_each_target_from_the_numbers(tmp_path):
+    from torch_dtr.bench import report
+
+    MiB = 2**20
+    cs = {
+        "plain PyTorch": _contender("plain", 2.0, peak_tracked=100 * MiB, rss_over_base=300 * MiB),
+        "torch-dtr 100%": _contender("dtr", 2.08, peak_tracked=100 * MiB, rss_over_base=300 * MiB),  # 1.04x
+        "torch-dtr 50%": _contender("dtr", 2.5, peak_tracked=50 * MiB, rss_over_base=250 * MiB),  # 1.25x
+        "torch-dtr 30%": {"kind": "dtr", "errors": ["Thrash: more than 9 recomputations in one step"]},
+        "checkpoint every block": _contender("ckpt_block", 2.6, peak_tracked=60 * MiB),  # dtr 50% beats it
+        "checkpoint sqrt(n) segments": _contender("ckpt_sqrt", 2.2, peak_tracked=55 * MiB),  # slower dtr only
+        "torch.compile budget 0.5": _contender("compile", 1.0, rss_over_base=200 * MiB),  # nothing fits
+    }
+    results = {"workloads": {"m": {"contenders": cs, "search": {"min_ratio": 0.2},
+                                   "scale": {"plain_throughput": 2.0, "tries": [
+                                       {"mult": 2, "ok": True, "throughput": 3.0},
+                                       {"mult": 3, "ok": True, "throughput": 1.8}]}}}}
+    rows = {r.split("|")[2].strip(): r for r in report._targets(results) if r.startswith("| m |")}
+    assert rows["step-time ratio at 100% of peak"].endswith("| 1.04x | met |")
+    assert rows["step-time ratio at 50% of peak"].endswith("| 1.25x | missed |")
+    assert "does not train: Thrash" in rows["step-time ratio at 30% of peak"]
+    assert rows["smallest feasible budget"].endswith("| 20.0% | met |")
+    assert "3x batch trains; at >= 3x: 0.90x" in rows["batch at plain's peak memory"]
+    assert rows["batch at plain's peak memory"].endswith("| met |")
+    assert rows["vs checkpoint every block"].endswith("50.0 MiB in 2.50 s vs 60.0 MiB in 2.60 s | met |")
+    assert rows["vs checkpoint sqrt(n) segments"].endswith("| missed |")
+    assert "no torch-dtr contender at or below its 200.0 MiB" in rows["vs torch.compile budget 0.5"]

@@ -32,11 +32,76 @@ def write(results: dict[str, Any], out: Path) -> Path:
         "Budget ratios are fractions of plain PyTorch's tracked peak.",
         "",
     ]
+    lines += _targets(results)
     for name, w in results["workloads"].items():
         lines += _workload(name, w, img, out)
     path = out / "benchmarks.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "missed")
+
+
+def _targets(results: dict[str, Any]) -> list[str]:
+    """One row per target of the benchmark issue and workload: the target, what this run measured, met or not."""
+    rows = []
+    for name, w in results["workloads"].items():
+        if "error" in w:
+            rows.append(f"| {name} | all | - | failed: {w['error'][:80]} | missed |")
+            continue
+        cs = w["contenders"]
+        p_step = cs.get("plain PyTorch", {}).get("step_s")
+        for ratio, target in TARGETS.items():
+            r = cs.get(f"torch-dtr {ratio:.0%}", {})
+            if r.get("step_s") and p_step:
+                got = r["step_s"] / p_step
+                rows.append(f"| {name} | step-time ratio at {ratio:.0%} of peak | <= {target:.2f} | {got:.2f}x | "
+                            f"{_verdict(got <= target)} |")
+            else:
+                why = "; ".join(r.get("errors", []))[:70] or "not run"
+                rows.append(f"| {name} | step-time ratio at {ratio:.0%} of peak | <= {target:.2f} | "
+                            f"does not train: {why} | missed |")
+        mr = w["search"].get("min_ratio")
+        rows.append(f"| {name} | smallest feasible budget | <= 25% | {mr:.1%} | {_verdict(mr <= 0.25)} |")
+        tries = [t for t in w.get("scale", {}).get("tries", []) if t["ok"]]
+        if "scale" in w:
+            s = w["scale"]
+            best = max(tries, key=lambda t: t["mult"]) if tries else None
+            at3 = [t for t in tries if t["mult"] >= 3]
+            thr = max((t["throughput"] / s["plain_throughput"] for t in at3), default=None)
+            got = (f"{best['mult']}x batch trains; at >= 3x: " + (f"{thr:.2f}x plain's samples/s" if thr else "-")
+                   if best else "not even 2x")
+            rows.append(f"| {name} | batch at plain's peak memory | >= 3x at >= 0.85x samples/s | {got} | "
+                        f"{_verdict(thr is not None and thr >= 0.85)} |")
+        rows += _against_alternatives(name, cs)
+    return ["## Targets (benchmark issue) and what this run measured", "",
+            "| workload | target | wanted | measured | |", "| --- | --- | --- | --- | --- |", *rows, "",
+            "Against an alternative: the fastest torch-dtr contender whose peak is at or below the alternative's "
+            "(tracked bytes for checkpointing; RSS over base for torch.compile, whose tensors the runtime cannot "
+            "see) must be at least as fast.", ""]
+
+
+def _against_alternatives(name: str, cs: dict) -> list[str]:
+    rows = []
+    dtr = [r for r in cs.values() if r.get("kind") == "dtr" and r.get("step_s")]
+    for label, alt in cs.items():
+        if alt.get("kind") not in ("ckpt_block", "ckpt_sqrt", "compile") or not alt.get("step_s"):
+            continue
+        key = "rss_over_base" if alt["kind"] == "compile" else "peak_tracked"
+        if not alt.get(key):
+            continue
+        fits = [r for r in dtr if r.get(key) and r[key] <= alt[key]]
+        if not fits:
+            rows.append(f"| {name} | vs {label} | <= its memory and time | no torch-dtr contender at or below its "
+                        f"{_mib(alt[key])} MiB | missed |")
+            continue
+        best = min(fits, key=lambda r: r["step_s"])
+        rows.append(f"| {name} | vs {label} | <= its memory and time | torch-dtr {_mib(best[key])} MiB in "
+                    f"{best['step_s']:.2f} s vs {_mib(alt[key])} MiB in {alt['step_s']:.2f} s | "
+                    f"{_verdict(best['step_s'] <= alt['step_s'])} |")
+    return rows
 
 
 def _workload(name: str, w: dict, img: Path, out: Path) -> list[str]:
@@ -51,6 +116,9 @@ def _workload(name: str, w: dict, img: Path, out: Path) -> list[str]:
               f"step. Smallest feasible budget found by bisection: {search['min_ratio']:.1%} of it "
               f"({search['probes']} probes; a budget trains if one step completes without BudgetError and with "
               f"at most 3 recomputations per op).", ""]
+    if search.get("floor"):
+        lines += [f"What sets that floor: at {_mib(search['floor_budget'])} MiB a step failed with "
+                  f"`{search['floor'][:600]}`", ""]
     lines += ["| contender | budget | step (s) | vs plain | tracked peak (MiB) | RSS (MiB) | RSS over base (MiB) | "
               "evictions | recomputations | remat (s) | search (s) | user code lines | note |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -174,3 +242,11 @@ def _plot_frontier(name: str, w: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+if __name__ == "__main__":  # re-render from a run's JSON: python -m torch_dtr.bench.report docs/benchmarks.json
+    import json
+    import sys
+
+    src = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/benchmarks.json")
+    print(write(json.loads(src.read_text()), src.parent))
