@@ -40,8 +40,13 @@ class Plan:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def _spawn(spec: dict, timeout: float) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed memory goes back to the OS: RSS follows tensors
+def _spawn(spec: dict, timeout: float, memory: bool = False) -> dict:
+    """Run one worker. ``memory``: with glibc's mmap threshold fixed at 64 KiB, so that freed tensors go back
+    to the OS and peak RSS follows live tensors; that setting slows every large allocation (plain GPT-2's
+    step 1.25 -> 1.87 s here, and torch-dtr's more), so timed runs use the allocator as users run it."""
+    env = dict(os.environ)
+    if memory:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     cmd = [sys.executable, "-m", "torch_dtr.bench.worker", json.dumps(spec)]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
@@ -83,7 +88,7 @@ def run(plan: Plan) -> dict[str, Any]:
     base = {"warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads}
     total = 0
     for m in plan.models:
-        total += 3 + plan.rounds * 8 + (0 if plan.quick or m == "lstm" else 2)
+        total += 3 + (plan.rounds + 1) * 8 + (0 if plan.quick or m == "lstm" else 4)
     bar = tqdm(total=total, desc="bench", unit="job", file=sys.stderr)
     timeout = 900 if plan.quick else 1800
     for name in plan.models:
@@ -110,7 +115,13 @@ def run(plan: Plan) -> dict[str, Any]:
                 bar.set_description(f"{name}: {c['label']} (round {rnd + 1})")
                 runs[c["label"]].append(_spawn(common | c, timeout) | {"spec": c})
                 bar.update(1)
-        w["contenders"] = {label: _merge(rs) for label, rs in runs.items()}
+        mem: dict[str, dict] = {}
+        for c in cs:  # the memory round: one short run per contender that trained, allocator set for RSS
+            if any("error" not in r for r in runs[c["label"]]):
+                bar.set_description(f"{name}: {c['label']} (memory)")
+                mem[c["label"]] = _spawn(common | c | {"warmup": 1, "steps": 1}, timeout, memory=True)
+            bar.update(1)
+        w["contenders"] = {label: _merge(rs, mem.get(label)) for label, rs in runs.items()}
         bar.set_description(f"{name}: memory timeline")
         tl_ratio = max(0.5, min(1.0, search["min_ratio"] * 1.1))
         w["timeline"] = _spawn(common | {"kind": "timeline", "budget": int(peak * tl_ratio), "ratio": tl_ratio,
@@ -125,18 +136,24 @@ def run(plan: Plan) -> dict[str, Any]:
     return results
 
 
-def _merge(rs: list[dict]) -> dict:
-    """One contender over rounds: median step over all measured steps, max RSS, counters of the last run."""
+def _merge(rs: list[dict], mem: dict | None) -> dict:
+    """One contender over rounds: median step over all measured steps, counters of the last timed run, peak
+    RSS from the memory round (the timed runs' own peak RSS is kept as ``peak_rss_timed``)."""
     ok = [r for r in rs if "error" not in r]
     out = dict(ok[-1] if ok else rs[-1])
     out.pop("step_times", None)
+    out["errors"] = [r["error"] for r in rs if "error" in r]
     if ok:
         times = [t for r in ok for t in r["step_times"]]
         out["step_s"] = statistics.median(times)
         out["step_spread"] = (min(times), max(times))
-        out["peak_rss"] = max(r["peak_rss"] for r in ok)
+        out["peak_rss_timed"] = max(r["peak_rss"] for r in ok)
         out["rounds_ok"] = len(ok)
-    out["errors"] = [r["error"] for r in rs if "error" in r]
+        out["peak_rss"] = out["rss_over_base"] = None
+        if mem is not None and "error" not in mem:
+            out["peak_rss"], out["rss_over_base"] = mem["peak_rss"], mem["rss_over_base"]
+        elif mem is not None:
+            out["errors"].append(f"memory round: {mem['error']}")
     return out
 
 

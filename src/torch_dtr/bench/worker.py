@@ -140,15 +140,16 @@ def run(spec: dict) -> dict:
     return res
 
 
-def _feasible(model: torch.nn.Module, batch: Any, step: Any, budget: int, max_remats: int) -> bool:
+def _feasible(model: torch.nn.Module, batch: Any, step: Any, budget: int, max_remats: int) -> str | None:
+    """None if one step trains under ``budget``, else why not (the BudgetError's or Thrash's message)."""
     torch_dtr.enable(budget=budget)
     try:
         _cap_remats(max_remats)
         torch.manual_seed(0)
         step(model, batch)
-        return True
-    except (torch_dtr.BudgetError, Thrash):
-        return False
+        return None
+    except (torch_dtr.BudgetError, Thrash) as e:
+        return f"{type(e).__name__}: {e}"
     finally:
         torch_dtr.disable()
 
@@ -161,13 +162,17 @@ def _search(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dic
     lo, hi = 0, peak  # lo infeasible (nothing fits in 0 bytes), hi feasible
     tol = max(1, int(peak * spec.get("tolerance", 0.01)))
     probes = 0
+    why = None  # why the largest infeasible budget probed failed: what sets the floor
     while hi - lo > tol:
         mid = (lo + hi) // 2
-        ok = all(_feasible(model, b, step, mid, cap) for b in batches[:2])
+        fail = next((f for f in (_feasible(model, b, step, mid, cap) for b in batches[:2]) if f), None)
         probes += 1
-        print(f"    search: {mid / peak:.3f} of peak -> {'ok' if ok else 'no'}", file=sys.stderr, flush=True)
-        lo, hi = (lo, mid) if ok else (mid, hi)
-    return {"peak_tracked": peak, "ops": ops, "min_budget": hi, "min_ratio": hi / peak, "probes": probes}
+        print(f"    search: {mid / peak:.3f} of peak -> {'no' if fail else 'ok'}", file=sys.stderr, flush=True)
+        lo, hi = (mid, hi) if fail else (lo, mid)
+        if fail:
+            why = fail
+    return {"peak_tracked": peak, "ops": ops, "min_budget": hi, "min_ratio": hi / peak, "probes": probes,
+            "floor": why, "floor_budget": lo}
 
 
 def _scale(spec: dict, step_unused: Any) -> dict:

@@ -275,11 +275,12 @@ class Front:
                 cow.append(r.storage)
         pargs = fill(targs, None, _EMPTY) if refs else targs
         pkwargs = {k: fill(v, None, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
-        need = self.predict(fi, pargs, pkwargs) if fi.fresh else 0
+        on_cuda = self.cuda and _is_cuda(refs, consts)
+        # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
+        need = self.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
         copies = [s for s in cow if s.op is None and s.deps > 0] if cow else None
         if copies:
             need += sum(s.nbytes for s in copies)
-        on_cuda = self.cuda and _is_cuda(refs, consts)
         if rt.budget is not None:
             if on_cuda and self.timer.pending:  # type: ignore[union-attr]
                 self.timer.resolve()  # type: ignore[union-attr]
