@@ -3,11 +3,12 @@ and where they go (cProfile of the per-op functions). Writes docs/dispatch.md.
 
     python benchmarks/dispatch.py [--out docs] [--repeats 7]
 
-Three programs, each timed plain and under torch-dtr, interleaved (plain, no budget, budget above the
+Five programs, each timed plain and under torch-dtr, interleaved (plain, no budget, budget above the
 peak, plain, ...) after a warm-up, median of ``--repeats``: a chain of small elementwise ops (the
-per-op cost shows undiluted), a small GPT-2 training step and a small LSTM-cell training step. "no
-budget" skips size prediction and eviction; "budget above the peak" runs the whole path (size
-prediction on meta tensors, cached; reserve) but never evicts. About 2 minutes on 2 cores.
+per-op cost shows undiluted), and GPT-2 and LSTM-cell training steps at `torch-dtr bench --quick` sizes
+and at the full bench's sizes. "no budget" skips size prediction and eviction; "budget above the peak"
+runs the whole path (size prediction on meta tensors, cached; reserve) but never evicts. About 4 minutes
+on 2 cores.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def _small_ops() -> tuple[Callable[[], None], str]:
     return step, "200 x (mul, add) on 64x64, forward and backward"
 
 
-def _workload(name: str) -> tuple[Callable[[], None], str]:
-    size = workloads.SIZES[name]["quick"]
+def _workload(name: str, which: str = "quick") -> tuple[Callable[[], None], str]:
+    size = workloads.SIZES[name][which]
     model, batches, step = workloads.build(name, size, 4)
     it = iter(range(10**9))
 
@@ -119,7 +120,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     torch.manual_seed(0)
-    progs = {"small ops": _small_ops(), "gpt2 (small)": _workload("gpt2"), "lstm (small)": _workload("lstm")}
+    progs = {"small ops": _small_ops(), "gpt2 (small)": _workload("gpt2"), "lstm (small)": _workload("lstm"),
+             "gpt2 (bench size)": _workload("gpt2", "full"), "lstm (bench size)": _workload("lstm", "full")}
     results = {}
     for name, (fn, desc) in progs.items():
         print(f"measuring {name} ...", file=sys.stderr, flush=True)

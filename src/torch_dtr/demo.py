@@ -83,8 +83,12 @@ def worker(kind: str, budget: int | None, steps: int, w: Workload) -> dict:
     }
 
 
-def _spawn(kind: str, budget: int | None, steps: int) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed memory goes back to the OS: RSS follows live tensors
+def _spawn(kind: str, budget: int | None, steps: int, memory: bool = False) -> dict:
+    """A worker process. ``memory``: glibc's mmap threshold fixed at 64 KiB, so that freed tensors go back to
+    the OS and peak RSS follows live tensors (it slows large allocations, so timed runs go without it)."""
+    env = dict(os.environ)
+    if memory:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     cmd = [sys.executable, "-m", "torch_dtr.demo", "--worker", kind, str(budget), str(steps)]
     res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if res.returncode != 0:
@@ -103,6 +107,8 @@ def main(ratios: tuple[float, ...] = (0.5, 0.3), steps: int = 4) -> int:
     peak = runs[1]["peak_tracked"]
     for r in ratios:
         runs.append(_spawn("dtr", int(peak * r), steps))
+    for r in runs:  # peak RSS from a short run of each contender with the allocator set for it
+        r["peak_rss"] = _spawn(r["kind"], r["budget"], 1, memory=True)["peak_rss"]
     plain = runs[0]
     print()
     head = f"{'contender':24s} {'budget':>11s} {'peak tracked':>13s} {'peak RSS':>11s} {'step':>8s} {'vs plain':>8s} " \
@@ -119,7 +125,9 @@ def main(ratios: tuple[float, ...] = (0.5, 0.3), steps: int = 4) -> int:
               f"{same:>9s}")
     print()
     print("peak tracked: bytes of live tensors (parameters, optimizer state seen as op inputs, activations), "
-          "as torch-dtr counts them; peak RSS: the whole process, Python and libraries included.")
+          "as torch-dtr counts them; peak RSS: the whole process, Python and libraries included, from one more "
+          "short run per contender with glibc's mmap threshold at 64 KiB (freed tensors go back to the OS); "
+          "step times: median of the measured steps, default allocator.")
     return 0 if all(r["losses"] == plain["losses"] for r in runs) else 1
 
 
