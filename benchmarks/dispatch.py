@@ -3,11 +3,11 @@ and where they go (cProfile of the per-op functions). Writes docs/dispatch.md.
 
     python benchmarks/dispatch.py [--out docs] [--repeats 7]
 
-Five programs, each timed plain and under torch-dtr, interleaved (plain, no budget, budget above the
+Six programs, each timed plain and under torch-dtr, interleaved (plain, no budget, budget above the
 peak, plain, ...) after a warm-up, median of ``--repeats``: a chain of small elementwise ops (the
 per-op cost shows undiluted), and GPT-2 and LSTM-cell training steps at `torch-dtr bench --quick` sizes
-and at the full bench's sizes. "no budget" skips size prediction and eviction; "budget above the peak"
-runs the whole path (size prediction on meta tensors, cached; reserve) but never evicts. About 4 minutes
+and, with ResNet-50, at the full bench's sizes. "no budget" skips size prediction and eviction; "budget above the peak"
+runs the whole path (size prediction on meta tensors, cached; reserve) but never evicts. About 5 minutes
 on 2 cores.
 """
 
@@ -121,7 +121,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.manual_seed(0)
     progs = {"small ops": _small_ops(), "gpt2 (small)": _workload("gpt2"), "lstm (small)": _workload("lstm"),
-             "gpt2 (bench size)": _workload("gpt2", "full"), "lstm (bench size)": _workload("lstm", "full")}
+             "gpt2 (bench size)": _workload("gpt2", "full"), "resnet50 (bench size)": _workload("resnet50", "full"),
+             "lstm (bench size)": _workload("lstm", "full")}
     results = {}
     for name, (fn, desc) in progs.items():
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
