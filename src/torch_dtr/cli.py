@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="workload (repeatable; default: all)")
     b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
     b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
-    b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 2, quick 1)")
+    b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 3, quick 1)")
     s = sub.add_parser("simulate", help="replay an operator log under budgets through the runtime's core and policies")
     s.add_argument("log", help="operator log (the DTR prototype's JSON-lines format)")
     s.add_argument("--policy", action="append", help="policy name (repeatable; default: the default policy)")

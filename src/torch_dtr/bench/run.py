@@ -32,7 +32,7 @@ class Plan:
     models: tuple[str, ...]
     quick: bool
     out: Path
-    rounds: int = 2
+    rounds: int = 3
     steps: int = 3
     warmup: int = 1
     threads: int = 0
