@@ -155,18 +155,23 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
 # BudgetError and with at most REMAT_CAP_PER_OP rematerializations per op of the unconstrained run.
 
 REMAT_CAP_PER_OP = 4
-# budgets tried, relative to the requested one, when a run near the minimum fails. The bisection may have
-# found its minimum in a lucky run: seen in CI on the MLP with Adam (minimum ~53% of the peak, set by one
-# large op whose locked inputs and outputs must fit together), 1.0, 1.05 and 1.10 of a lucky minimum all
-# failed in a row, while 1.25 of it has always trained. So the ladder reaches 1.25.
-LADDER = (1.0, 1.10, 1.25)
+# The outcome near the minimum can be bimodal: the tree RNN with Adam at 30% of its peak trains with ~400
+# rematerializations in some runs and thrashes past the cap in others (CI: the 30% case trained once, that
+# lucky budget became the bisection's upper end, and 1.0, 1.1 and 1.25 of it then all thrashed). So the
+# bisection calls a budget feasible only once it has trained CONFIRM times and never failed, and any
+# failure seen at a budget makes it (and everything below) a lower bound.
+CONFIRM = 2
+# budgets tried, relative to the requested one, when a run near the minimum fails. Seen in CI on the MLP with
+# Adam (minimum ~53% of the peak, set by one large op whose locked inputs and outputs must fit together):
+# 1.0, 1.05 and 1.10 of a lucky minimum all failed in a row; hence the confirmation above and a ladder to 1.5.
+LADDER = (1.0, 1.10, 1.25, 1.5)
 SEARCH_ITERS = 8
 SEARCH_TOLERANCE = 0.01  # stop bisecting when the bracket is narrower than this fraction of the peak
 
 _PEAK: dict[tuple[str, str], Any] = {}
 _MIN: dict[tuple[str, str], int] = {}
-_FEASIBLE: dict[tuple[str, str], set[int]] = {}  # budgets seen to train (any run made through here)
-_INFEASIBLE: dict[tuple[str, str], set[int]] = {}  # budgets seen to fail
+# outcomes of every run made through here, per (model, optimizer): budget -> [trained, failed]
+_OUTCOMES: dict[tuple[str, str], dict[int, list[int]]] = {}
 
 
 def _key(builder, opt_name: str) -> tuple[str, str]:
@@ -193,18 +198,23 @@ def remat_cap(builder, opt_name: str) -> int:
 def try_budget(builder, opt_name: str, budget: int, *, check: bool = True) -> RunResult | None:
     """``run_dtr`` under the rematerialization cap; ``None`` when the budget is not feasible. Remembers the
     outcome to narrow later searches."""
-    key = _key(builder, opt_name)
+    seen = _OUTCOMES.setdefault(_key(builder, opt_name), {}).setdefault(budget, [0, 0])
     try:
         res = run_dtr(builder, opt_name, budget, check=check, max_remats=remat_cap(builder, opt_name))
     except (torch_dtr.BudgetError, TooMuchRecomputation):
-        _INFEASIBLE.setdefault(key, set()).add(budget)
+        seen[1] += 1
         return None
-    _FEASIBLE.setdefault(key, set()).add(budget)
+    seen[0] += 1
     return res
 
 
 def feasible(builder, opt_name: str, budget: int) -> bool:
-    return try_budget(builder, opt_name, budget, check=False) is not None
+    """Trained ``CONFIRM`` times at ``budget`` (earlier runs count) and never failed there."""
+    seen = _OUTCOMES.get(_key(builder, opt_name), {}).get(budget, [0, 0])
+    while seen[1] == 0 and seen[0] < CONFIRM:
+        try_budget(builder, opt_name, budget, check=False)
+        seen = _OUTCOMES[_key(builder, opt_name)][budget]
+    return seen[1] == 0
 
 
 def min_feasible_budget(builder, opt_name: str, iters: int = SEARCH_ITERS) -> int:
@@ -212,13 +222,15 @@ def min_feasible_budget(builder, opt_name: str, iters: int = SEARCH_ITERS) -> in
 
     The bracket starts at ``(constant_bytes, unconstrained peak]`` (the constants alone fill a budget of
     ``constant_bytes``, so it is never feasible; the peak always is), narrowed by the outcomes of earlier
-    runs at other budgets, and is halved at most ``iters`` times or until it is narrower than
+    runs at other budgets (a budget that ever failed is a lower end; one confirmed feasible, an upper end),
+    and is halved at most ``iters`` times or until it is narrower than
     ``SEARCH_TOLERANCE`` of the peak."""
     key = _key(builder, opt_name)
     if key not in _MIN:
         st = unconstrained_stats(builder, opt_name)
-        lo = max([st.constant_bytes, *_INFEASIBLE.get(key, ())])
-        hi = min([st.peak_bytes, *(b for b in _FEASIBLE.get(key, ()) if b > lo)])
+        seen = _OUTCOMES.get(key, {})
+        lo = max([st.constant_bytes, *(b for b, (_, bad) in seen.items() if bad)])
+        hi = min([st.peak_bytes, *(b for b, (good, bad) in seen.items() if b > lo and good >= CONFIRM and not bad)])
         for _ in range(iters):
             if hi - lo <= max(1, SEARCH_TOLERANCE * st.peak_bytes):
                 break
