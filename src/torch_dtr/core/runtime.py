@@ -490,8 +490,8 @@ class Runtime:
         #    dies) and counted as drops. Kept, they were the freshest storages in memory, so the policy
         #    evicted everything else first: on a live LSTM step (an in-place write per gate, so five
         #    versions per time step) that turned a 70% budget into 116,000 recomputations in one step; on
-        #    the tests' tree RNN at 30-40% of its peak every run thrashed without this rule, most train
-        #    with it (docs/design.md, Known limits). One with a reader still evicted stays (to the
+        #    the tests' tree RNN at 30-40% of its peak every run thrashed without this rule; with it half
+        #    train at 30% and all at 40% (docs/design.md, Known limits). One with a reader still evicted stays (to the
         #    policy): it is likely needed again soon, and dropping it too made a recorded MLP log
         #    infeasible at 0.9 of its peak (the readers' next rematerialization had to recompute it again
         #    with more locked at once). Making them merely stale again (the policy's first pick, evicted
