@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .deps import MissingDependency
+
 
 def _ratios(text: str) -> tuple[float, ...]:
     try:
@@ -47,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--iteration", type=int, default=2,
                    help="which iteration to record, counted in optimizer steps (default 2: after one warm-up)")
     args = p.parse_args(argv)
+    try:
+        return _run(p, args, argv)
+    except MissingDependency as e:  # one line naming the extra to install, no traceback
+        print(f"torch-dtr {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.cmd == "simulate":
         from .sim.report import main as simulate
 

@@ -29,14 +29,11 @@ class Workload:
 
 def _gpt2(w: Workload):  # noqa: ANN202
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from .bench.workloads import gpt2
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=w.layers, n_embd=w.width, n_head=w.heads, n_positions=w.seq, vocab_size=w.vocab,
-                     attn_implementation="eager", use_cache=False)
-    model = GPT2LMHeadModel(cfg)
-    model.train()
-    return model
+    return gpt2(w.layers, w.width, w.heads, w.seq, w.vocab)
 
 
 def worker(kind: str, budget: int | None, steps: int, w: Workload) -> dict:
@@ -99,7 +96,9 @@ def _spawn(kind: str, budget: int | None, steps: int, memory: bool = False) -> d
 
 def main(ratios: tuple[float, ...] = (0.5, 0.3), steps: int = 4) -> int:
     from .core import fmt_bytes
+    from .deps import need
 
+    need("transformers", "bench", "torch-dtr demo")
     w = Workload()
     print(f"torch-dtr demo: GPT-2 ({w.layers} layers, width {w.width}, sequence {w.seq}, batch {w.batch}), "
           f"AdamW, {steps} measured steps after 1 warm-up, each contender in its own process")

@@ -31,8 +31,8 @@ def write(results: dict[str, Any], out: Path) -> Path:
         "included); *RSS over base* subtracts what the process held after building the model and data. RSS",
         "comes from one more short run per contender with glibc's mmap threshold fixed at 64 KiB, so that",
         "freed tensors go back to the OS and RSS follows live tensors; step times come from runs with the",
-        "default allocator, as users run (the fixed threshold slows every large allocation: GPT-2's plain",
-        "step took 1.87 s instead of 1.25 s, and it inflated torch-dtr's per-op overhead on the LSTM 4x).",
+        "default allocator, as users run (the fixed threshold slows every large allocation; docs/design.md",
+        "says by how much when it was measured).",
         "Budget ratios are fractions of plain PyTorch's tracked peak.",
         "",
     ]

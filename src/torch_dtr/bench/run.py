@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..deps import need_all
 from . import workloads
 
 RATIOS = (1.0, 0.7, 0.5, 0.3)
@@ -42,8 +43,8 @@ class Plan:
 
 def _spawn(spec: dict, timeout: float, memory: bool = False) -> dict:
     """Run one worker. ``memory``: with glibc's mmap threshold fixed at 64 KiB, so that freed tensors go back
-    to the OS and peak RSS follows live tensors; that setting slows every large allocation (plain GPT-2's
-    step 1.25 -> 1.87 s here, and torch-dtr's more), so timed runs use the allocator as users run it."""
+    to the OS and peak RSS follows live tensors; that setting slows every large allocation (docs/design.md,
+    Measuring memory), so timed runs use the allocator as users run it."""
     env = dict(os.environ)
     if memory:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
@@ -166,6 +167,7 @@ def _machine() -> str:
 
 
 def main(models: tuple[str, ...], quick: bool, out: str, rounds: int | None, command: str) -> int:
+    need_all(("transformers", "matplotlib", "tqdm"), "bench", "torch-dtr bench")
     from . import report
 
     plan = Plan(models=models, quick=quick, out=Path(out), command=command)

@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..deps import need
+
 
 @dataclass(frozen=True)
 class Size:
@@ -51,19 +53,19 @@ def _resnet_depths(size: Size) -> list[int]:
     return [3, 4, 6, 3] if size.layers == 50 else [1, 1, 1, 1]
 
 
-class _Quiet:
-    """Silence transformers' config warnings about the small random configs."""
+def gpt2(layers: int, width: int, heads: int, seq: int, vocab: int) -> nn.Module:
+    """GPT-2 (``transformers.GPT2LMHeadModel``) with random weights, in training mode, eager attention.
 
-    def __enter__(self) -> None:
-        import transformers
-
-        self.old = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
-
-    def __exit__(self, *exc: object) -> None:
-        import transformers
-
-        transformers.logging.set_verbosity(self.old)
+    The config sets what transformers would otherwise warn about on every construction: begin/end token
+    ids inside the (small) vocabulary, and the loss the model computes from ``labels``.
+    """
+    transformers = need("transformers", "bench", "the GPT-2 workload")
+    cfg = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=seq, vocab_size=vocab,
+                                  attn_implementation="eager", use_cache=False, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.loss_type = "ForCausalLM"  # the default it picks anyway, named so that it does not warn
+    model.train()
+    return model
 
 
 def build(name: str, size: Size, steps: int, seed: int = 0) -> tuple[nn.Module, list[Any], Callable]:
@@ -71,25 +73,19 @@ def build(name: str, size: Size, steps: int, seed: int = 0) -> tuple[nn.Module, 
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
     if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        with _Quiet():
-            cfg = GPT2Config(n_layer=size.layers, n_embd=size.width, n_head=max(1, size.width // 64),
-                             n_positions=size.seq, vocab_size=16 * size.width, attn_implementation="eager",
-                             use_cache=False, bos_token_id=0, eos_token_id=0)
-            model = GPT2LMHeadModel(cfg)
-        batches = [torch.randint(0, cfg.vocab_size, (size.batch, size.seq), generator=g) for _ in range(steps)]
+        vocab = 16 * size.width
+        model = gpt2(size.layers, size.width, max(1, size.width // 64), size.seq, vocab)
+        batches = [torch.randint(0, vocab, (size.batch, size.seq), generator=g) for _ in range(steps)]
 
         def forward(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
             return m(input_ids=ids, labels=ids).loss
     elif name == "resnet50":
-        from transformers import ResNetConfig, ResNetForImageClassification
-
-        with _Quiet():
-            cfg = ResNetConfig(depths=_resnet_depths(size), num_labels=100,
-                               hidden_sizes=[256, 512, 1024, 2048] if size.layers == 50 else [64, 128, 256, 512],
-                               embedding_size=64 if size.layers == 50 else 32)
-            model = ResNetForImageClassification(cfg)
+        transformers = need("transformers", "bench", "the ResNet workload")
+        cfg = transformers.ResNetConfig(
+            depths=_resnet_depths(size), num_labels=100,
+            hidden_sizes=[256, 512, 1024, 2048] if size.layers == 50 else [64, 128, 256, 512],
+            embedding_size=64 if size.layers == 50 else 32)
+        model = transformers.ResNetForImageClassification(cfg)
         batches = [(torch.randn(size.batch, 3, size.seq, size.seq, generator=g),
                     torch.randint(0, 100, (size.batch,), generator=g)) for _ in range(steps)]
 

@@ -28,11 +28,14 @@ import numbers
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
-
+from ..deps import need
 from . import log as L
+
+_WHAT = "the exact baseline (Checkmate's ILP, torch_dtr.sim.checkmate)"
+np = need("numpy", "sim", _WHAT)
+_optimize = need("scipy.optimize", "sim", _WHAT)
+Bounds, LinearConstraint, milp = _optimize.Bounds, _optimize.LinearConstraint, _optimize.milp
+coo_matrix = need("scipy.sparse", "sim", _WHAT).coo_matrix
 
 __all__ = ["Graph", "ScheduleError", "Solution", "chain", "graph_from_log", "min_budget", "peak_bytes",
            "simulate_schedule", "solve"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core import fmt_bytes
 from ..core.policies import DEFAULT_POLICY, get_policy
+from ..deps import need
 from . import log as _log
 from .baselines import sqrt_checkpoint
 from .replay import Outcome, no_eviction_peak, simulate
@@ -26,8 +27,7 @@ def run_grid(log: _log.Log, policies: Sequence[str], ratios: Sequence[float], *,
     jobs = [(p, r) for p in policies for r in ratios]
     it: Any = jobs
     if progress:
-        from tqdm import tqdm
-
+        tqdm = need("tqdm", "sim", "progress output of torch-dtr simulate").tqdm
         it = tqdm(jobs, desc=Path(log.source).name, unit="replay", file=sys.stderr, leave=False)
     out = [simulate(log, p, ratio=r, peak=peak, **options) for p, r in it]
     return peak, out
@@ -58,8 +58,7 @@ def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outc
          reference: dict[str, dict[float, float]] | None = None) -> None:
     """One panel per log: overhead vs budget ratio, a line per policy (ok points only), baselines as
     markers, and optional reference points (``{log: {ratio: overhead}}``)."""
-    import matplotlib
-
+    matplotlib = need("matplotlib", "sim", "torch-dtr simulate --plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
