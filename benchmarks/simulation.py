@@ -23,7 +23,7 @@ from torch_dtr.core import fmt_bytes
 from torch_dtr.core.policies import DEFAULT_POLICY, POLICIES
 from torch_dtr.sim import chains, checkmate, log, replay
 from torch_dtr.sim.baselines import sqrt_checkpoint
-from torch_dtr.sim.report import plot
+from torch_dtr.sim.command import plot
 
 RATIOS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 REF_RATIOS = (0.2, 0.3, 0.4, 0.5, 0.7, 0.9)
@@ -125,7 +125,7 @@ def _record_small(out: Path) -> list[tuple[str, Path]]:
     import torch
     import torch.nn as nn
 
-    from torch_dtr.sim.record import record
+    from torch_dtr.record import record
 
     torch.manual_seed(0)
     made = []

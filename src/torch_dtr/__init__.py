@@ -6,11 +6,11 @@
     torch_dtr.disable()
 """
 
-from .core import BudgetError, Policy, Stats
+from .core import BudgetError, InternalError, Policy, Stats
 from .core.policies import POLICIES, register
 
-_EAGER = ("DTRTensor", "budget", "disable", "enable", "enabled", "parse_budget", "reset_peak", "runtime", "stats",
-          "unwrap")
+_EAGER = ("ConstantChangedError", "DTRTensor", "budget", "disable", "enable", "enabled", "listen", "parse_budget",
+          "reset_peak", "runtime", "stats", "unwrap")
 
 
 def __getattr__(name: str) -> object:
@@ -21,13 +21,14 @@ def __getattr__(name: str) -> object:
 
         return getattr(eager, name)
     if name == "record":  # torch_dtr.record(path): write an operator log for the simulator
-        from .sim.record import record
+        from .record import record
 
         return record
     raise AttributeError(f"module 'torch_dtr' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 __all__ = [
-    "POLICIES", "BudgetError", "DTRTensor", "Policy", "Stats", "budget", "disable", "enable", "enabled",
-    "parse_budget", "record", "register", "reset_peak", "runtime", "stats", "unwrap",
+    "POLICIES", "BudgetError", "ConstantChangedError", "DTRTensor", "InternalError", "Policy", "Stats", "budget",
+    "disable", "enable", "enabled", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
+    "unwrap",
 ]

@@ -58,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.cmd == "simulate":
-        from .sim.report import main as simulate
+        from .sim.command import main as simulate
 
         return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines)
     if args.cmd == "record":
         import json
 
-        from .sim.record import record_script
+        from .record import record_script
 
         if args.iteration < 1:
             p.error(f"--iteration must be >= 1, got {args.iteration}")

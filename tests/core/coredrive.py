@@ -1,4 +1,4 @@
-"""Test helpers that drive ``torch_dtr.core`` the way a front end does. No torch here.
+"""Test helpers that drive ``torch_dtr.core`` through its driver verbs, as the front ends do. No torch here.
 
     d = Driver(budget, policy)
     c = d.const(nbytes, value)                         # a pinned constant with a handle
@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torch_dtr.core import Runtime, Storage
+from torch_dtr.core import Chain, Runtime, Storage, UFNode
+from torch_dtr.core.trackers import TRACKERS, Links
 
 
 class Driver:
     def __init__(self, budget: int | None, policy: Any = "dtr_eq", **kw: Any) -> None:
         self.rt = Runtime(budget, policy, **kw)
-        self.events: list[tuple[str, Storage]] = []
-        self.rt.on_event = lambda kind, s: self.events.append((kind, s))
+        self.events: list[tuple[str, Storage | None]] = []
+        self.rt.listen(lambda kind, s: self.events.append((kind, s)))
 
     def const(self, nbytes: int, value: Any) -> Storage:
         rt = self.rt
@@ -34,21 +35,9 @@ class Driver:
         """Run ``fn(*input payloads)`` (one payload per size) as a front end does; handles on the outputs."""
         rt = self.rt
         inputs = list(inputs)
-        locked: list[Storage] = []
+        held = rt.acquire(inputs)
         try:
-            missing = []
-            for s in inputs:  # lock what is resident, then rematerialize the rest (as torch_dtr.eager does)
-                if s.resident:
-                    rt.lock([s])
-                    locked.append(s)
-                else:
-                    missing.append(s)
-            for s in missing:  # rematerializing one may already have brought back another: lock it too
-                if not s.resident:
-                    rt.rematerialize(s)
-                rt.lock([s])
-                locked.append(s)
-            rt.reserve(sum(sizes))
+            rt.reserve(sum(sizes), name)
 
             def compute() -> Sequence[Any]:
                 args = [s.payload for s in inputs]
@@ -59,12 +48,12 @@ class Driver:
                 return out
 
             values = compute()
-            op = rt.record(inputs, cost, compute, name)
+            op = rt.ran(inputs, cost, compute, name)
             outs = [rt.output(op, n, v) for n, v in zip(sizes, values, strict=True)]
             for o in outs:
                 rt.add_ref(o)
         finally:
-            rt.unlock(locked)
+            rt.release(held)
         return outs
 
     def op1(self, inputs: Sequence[Storage], cost: float, nbytes: int, fn: Callable[..., Any],
@@ -77,20 +66,42 @@ class Driver:
         """Advance the clock by ``cost`` with a 0-byte op that reads nothing and whose output dies at once."""
         rt = self.rt
         rt.reserve(0)
-        op = rt.record([], cost, lambda: [0], "tick")
+        op = rt.ran([], cost, lambda: [0], "tick")
         s = rt.output(op, 0, 0)
         rt.add_ref(s)
         rt.drop_ref(s)
         assert s.released
 
     def read(self, s: Storage) -> Any:
-        if not s.resident:
-            self.rt.rematerialize(s)
+        v = self.rt.get(s)
         assert s.resident
-        return s.payload
+        return v
 
     def evicted(self, kind: str = "evict") -> list[Storage]:
         return [s for k, s in self.events if k == kind]
+
+
+def uf(s: Storage) -> UFNode | None:
+    """``s``'s union-find node while evicted (trackers ``uf`` and ``chain``), else None."""
+    return s.aux.uf if isinstance(s.aux, Links) else None
+
+
+def links(s: Storage) -> tuple[int, int, float]:
+    """``(up, down, path)`` of the chain tracker's estimates on ``s`` (NOTE [ Evicted chains ])."""
+    a = s.aux
+    return (1, 1, s.cost) if a is None else (a.up, a.down, a.path)
+
+
+def extra(rt: Runtime, s: Storage, kind: str) -> Any:
+    """The feature of ``kind`` for candidate ``s``: the runtime's own tracker for the stateful kinds ("uf" also
+    reads the union-find part of a "chain" tracker), a fresh one for the stateless kinds."""
+    if kind in ("uf", "chain"):
+        assert rt.policy.extra in ("uf", "chain"), f"{rt.policy.name} keeps no union-find sets"
+        v = rt.tracker.extra(s)
+        if kind == "uf" and isinstance(v, Chain):
+            return v.nbhd
+        return v
+    return TRACKERS[kind]().extra(s)
 
 
 def full_check(rt: Runtime) -> None:
@@ -101,18 +112,18 @@ def full_check(rt: Runtime) -> None:
         assert s.locks == 0, f"{s} still locked between ops"
         assert not s.released
         if s.resident:
-            assert s.uf is None, f"resident {s} still in a union-find set"
+            assert uf(s) is None, f"resident {s} still in a union-find set"
         if s.pinned:
             assert s.resident or s.forward is not None, f"pinned {s} is not resident"
     if rt.budget is not None:
         assert rt.memory.tracked <= rt.budget
-        assert rt.memory.peak <= rt.budget
+        assert rt.memory.peak <= max(rt.budget, rt.peak_limit or 0)  # set_budget may have lowered it
     if rt.policy.extra == "uf":
         roots: dict[int, tuple[Any, float]] = {}
         for s in rt.live:
             if not s.resident and s.forward is None:  # evicted (not an in-place write's old version)
-                assert s.uf is not None, f"evicted {s} has no union-find node under {rt.policy.name}"
-                r = s.uf.find()
+                assert uf(s) is not None, f"evicted {s} has no union-find node under {rt.policy.name}"
+                r = uf(s).find()
                 roots[id(r)] = (r, roots.get(id(r), (r, 0.0))[1] + s.cost)
         for r, members in roots.values():
             # the root holds at least the cost of its live evicted members (more only for released ones)

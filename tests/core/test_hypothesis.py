@@ -123,10 +123,10 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
     raised_legit: list[bool] = []
     orig = rt._raise_budget
 
-    def spy(nbytes: int) -> None:
+    def spy(nbytes: int, where: str) -> None:
         raised_legit.append(all(s.locks > 0 for s in rt.candidates if s.nbytes > 0)
                             and rt.memory.tracked + nbytes > (rt.budget or 0))
-        orig(nbytes)
+        orig(nbytes, where)
 
     rt._raise_budget = spy  # type: ignore[method-assign]
     errors = 0

@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from coredrive import Driver, full_check
+from coredrive import Driver, extra, full_check, links, uf
 
-from torch_dtr.core import DEFAULT_POLICY, POLICIES, BudgetError, Policy, Runtime, Storage, get_policy, register
-from torch_dtr.core.policies import Chain
+from torch_dtr.core import DEFAULT_POLICY, POLICIES, BudgetError, Chain, Policy, Runtime, Storage, get_policy, register
 
 BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
 
@@ -43,7 +42,7 @@ def _only_victim(d: Driver, before: int, pool: dict[str, object]) -> str:
     assert rt.evictions == before + 1, "exactly one eviction expected"
     gone = [name for name, s in pool.items() if not s.resident]  # type: ignore[attr-defined]
     assert len(gone) == 1, gone
-    assert d.evicted() == [pool[gone[0]]]
+    assert d.evicted()[before:] == [pool[gone[0]]]
     full_check(rt)
     return gone[0]
 
@@ -122,11 +121,11 @@ def test_scenario_evicted_neighbour(policy: str) -> None:
     rt = d.rt
     assert not a.resident and not a.released and rt.drops == 1 and rt.evictions == 0
     if policy in ("dtr_eq", "dtr_chain"):
-        assert a.uf is not None and a.uf.find().cost == 100
-        assert rt._extra(b, "uf") == 100 and rt._extra(dd, "uf") == 0
+        assert uf(a) is not None and uf(a).find().cost == 100
+        assert extra(rt, b, "uf") == 100 and extra(rt, dd, "uf") == 0
     else:
-        assert a.uf is None  # only the union-find policy keeps components
-    assert rt._extra(b, "exact") == 100 and rt._extra(b, "ancestors") == 100
+        assert uf(a) is None  # only the union-find policy keeps components
+    assert extra(rt, b, "exact") == 100 and extra(rt, b, "ancestors") == 100
     assert rt.clock - b.last_access == 9 and rt.clock - dd.last_access == 7
     rt.reserve(20)
     victim = _only_victim(d, 0, {"B": b, "D": dd})
@@ -174,7 +173,7 @@ def test_scenario_msps_ancestors_only(policy: str) -> None:
     rt.evict(q)
     d.tick(6)
     assert rt.evictions == 1
-    assert rt._extra(p, "ancestors") == 0 and rt._extra(p, "exact") == 50
+    assert extra(rt, p, "ancestors") == 0 and extra(rt, p, "exact") == 50
     rt.reserve(20)
     assert _only_victim(d, 1, {"P": p, "R": r}) == SCENARIO3[policy]
     assert d.read(q) == 20
@@ -211,9 +210,9 @@ def test_scenario_chain_counts_the_path_above(policy: str) -> None:
     rt.budget = 30
     rt.reset_peak()
     assert rt.clock == 104 and rt.clock - p.last_access == 72 and rt.clock - q.last_access == 40
-    assert rt._extra(p, "exact") == 30 and rt._extra(q, "exact") == 30
+    assert extra(rt, p, "exact") == 30 and extra(rt, q, "exact") == 30
     if policy == "dtr_chain":
-        assert Runtime._chain(p) == Chain(30, 30, 2) and Runtime._chain(q) == Chain(30, 0, 2)
+        assert extra(rt, p, "chain") == Chain(30, 30, 2) and extra(rt, q, "chain") == Chain(30, 0, 2)
     rt.reserve(10)
     assert _only_victim(d, 2, {"P": p, "Q": q}) == SCENARIO4[policy]
     assert (d.read(p), d.read(q), d.read(k), d.read(a)) == (4, 4, 20, 2)
@@ -229,8 +228,8 @@ def test_scenario_chain_counts_the_path_above(policy: str) -> None:
 #   Y0 = f(c)  cost 3   clock 7
 #   Y  = f(Y0) cost 1   clock 8   (Y last_access 8); then A1, A2, A3, Y0 are evicted by hand, in that order
 #   tick 12             clock 20
-# (chain_up, chain_down, path_cost): A1 (1, 2, 1), A2 (2, 2, 2), A3 (3, 1, 3), Y0 (1, 1, 3): each is evicted
-# below an evicted input and pushes chain_down one step up (A1 is two steps from A3: 2, not 3).
+# links (up, down, path): A1 (1, 2, 1), A2 (2, 2, 2), A3 (3, 1, 3), Y0 (1, 1, 3): each is evicted
+# below an evicted input and pushes down one step up (A1 is two steps from A3: 2, not 3).
 # staleness: X 16, Y 12. Extras: X Chain(3, 3, 4) (component {A1, A2, A3}; chain A1-A2-A3-X),
 # Y Chain(3, 3, 2).
 #   dtr_eq:    X (1+3)/(10*16) = 0.025                Y (1+3)/(10*12) = 0.0333         -> X
@@ -264,11 +263,11 @@ def test_scenario_chain_penalizes_long_evicted_chains(policy: str) -> None:
     rt = d.rt
     x, y = s["X"], s["Y"]
     assert rt.clock - x.last_access == 16 and rt.clock - y.last_access == 12
-    assert rt._extra(x, "exact") == 3 and rt._extra(y, "exact") == 3
+    assert extra(rt, x, "exact") == 3 and extra(rt, y, "exact") == 3
     if policy == "dtr_chain":  # only the "chain" kind keeps the estimates
-        assert [(s[k].chain_up, s[k].chain_down, s[k].path_cost) for k in ("A1", "A2", "A3", "Y0")] == [
+        assert [links(s[k]) for k in ("A1", "A2", "A3", "Y0")] == [
             (1, 2, 1), (2, 2, 2), (3, 1, 3), (1, 1, 3)]
-        assert Runtime._chain(x) == Chain(3, 3, 4) and Runtime._chain(y) == Chain(3, 3, 2)
+        assert extra(rt, x, "chain") == Chain(3, 3, 4) and extra(rt, y, "chain") == Chain(3, 3, 2)
     rt.reserve(10)
     assert _only_victim(d, 4, {"X": x, "Y": y}) == SCENARIO5[policy]
     assert d.read(x) == 40 and d.read(y) == -1
@@ -277,19 +276,19 @@ def test_scenario_chain_penalizes_long_evicted_chains(policy: str) -> None:
 
 def test_chain_estimates_are_pushed_one_step_only() -> None:
     # NOTE [ Evicted chains ] 1-2: evicting the chain bottom-up (A3, A2, A1) pushes each value one step down;
-    # A3 is two steps from A1, so it does not learn about A1 (true chain_up 3, path 3; estimated 2, 2).
+    # A3 is two steps from A1, so it does not learn about A1 (true up 3, path 3; estimated 2, 2).
     d, s = _scenario5("dtr_chain", "A3 A2 A1")
-    assert [(s[k].chain_up, s[k].chain_down, s[k].path_cost) for k in ("A1", "A2", "A3")] == [
+    assert [links(s[k]) for k in ("A1", "A2", "A3")] == [
         (1, 3, 1), (2, 2, 2), (2, 1, 2)]
-    assert Runtime._chain(s["X"]) == Chain(3, 2, 3)
-    # a rematerialization changes no estimate; the storage's own are reset when it is evicted again
     rt = d.rt
+    assert extra(rt, s["X"], "chain") == Chain(3, 2, 3)
+    # a rematerialization changes no estimate; the storage's own are reset when it is evicted again
     rt.budget = None
     assert d.read(s["A3"]) == 4 and d.read(s["X"]) == 40
     assert all(s[k].resident for k in ("A1", "A2", "A3"))
-    assert (s["A3"].chain_up, s["A3"].path_cost) == (2, 2)
+    assert links(s["A3"])[0::2] == (2, 2)
     rt.evict(s["A2"])
-    assert (s["A2"].chain_up, s["A2"].chain_down, s["A2"].path_cost) == (1, 1, 1)
+    assert links(s["A2"]) == (1, 1, 1)
     full_check(rt)
 
 

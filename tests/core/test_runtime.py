@@ -411,7 +411,7 @@ def _inplace_graph():
     b = d.op1([old], 1, 16, lambda v: [v[0] * 2])            # reads old BEFORE the write: [20]
     tracked = rt.memory.tracked
     # an in-place op writes old's buffer: old += 5. It ran on old's buffer; its recipe is pure.
-    op = rt.record([old], 1, lambda: [[old.payload[0] + 5]], "add_")
+    op = rt.ran([old], 1, lambda: [[old.payload[0] + 5]], "add_")
     old.payload[0] += 5
     new = rt.new_version(old, op)
     rt.add_ref(new)   # the handle follows old.forward
@@ -463,7 +463,7 @@ def test_new_version_to_a_copy_and_unreplayable() -> None:
     c = d.const(8, [2])
     r = d.op1([c], 1, 8, lambda v: [v[0] + 1])
     # the write went to a copy (c cannot be recomputed but r's recipe reads it): c stays resident
-    op = rt.record([c], 1, lambda: [[c.payload[0] * 10]])
+    op = rt.ran([c], 1, lambda: [[c.payload[0] * 10]])
     new = rt.new_version(c, op, [20])
     rt.add_ref(new)
     rt.drop_ref(c)

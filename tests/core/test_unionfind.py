@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from coredrive import Driver, full_check
+from coredrive import Driver, extra, full_check, uf
 
 from torch_dtr.core import UFNode
 
@@ -66,14 +66,14 @@ def test_evicting_neighbours_shares_a_root() -> None:
     d, (c, a, b, e) = _chain()
     rt = d.rt
     rt.evict(a)
-    assert a.uf is not None and a.uf.find().cost == 3 and b.uf is None
-    assert rt._extra(b, "uf") == 3 and rt._extra(e, "uf") == 0
+    assert uf(a) is not None and uf(a).find().cost == 3 and uf(b) is None
+    assert extra(rt, b, "uf") == 3 and extra(rt, e, "uf") == 0
     rt.evict(b)
-    assert b.uf is not None
-    root = a.uf.find()
-    assert b.uf.find() is root and root.cost == 3 + 5
+    assert uf(b) is not None
+    root = uf(a).find()
+    assert uf(b).find() is root and root.cost == 3 + 5
     # e is next to the component {a, b}: its extra cost is the whole component's
-    assert rt._extra(e, "uf") == 8 == rt._extra(e, "exact")
+    assert extra(rt, e, "uf") == 8 == extra(rt, e, "exact")
     full_check(rt)
 
 
@@ -82,16 +82,16 @@ def test_rematerialize_leaves_the_component() -> None:
     rt = d.rt
     rt.evict(a)
     rt.evict(b)
-    root = b.uf.find()
+    root = uf(b).find()
     rt.rematerialize(a)
-    assert a.resident and a.uf is None and a.payload == 2
-    assert b.uf.find() is root and root.cost == 5  # 8 - cost(a)
+    assert a.resident and uf(a) is None and a.payload == 2
+    assert uf(b).find() is root and root.cost == 5  # 8 - cost(a)
     # on a chain the approximation is exact: both see {b} (cost 5) from e and from a
     for s in (a, e):
-        assert rt._extra(s, "uf") == rt._extra(s, "exact") == 5
+        assert extra(rt, s, "uf") == extra(rt, s, "exact") == 5
     rt.rematerialize(b)
-    assert b.uf is None and root.cost == 0 and b.payload == 4
-    assert rt._extra(e, "uf") == rt._extra(e, "exact") == 0
+    assert uf(b) is None and root.cost == 0 and b.payload == 4
+    assert extra(rt, e, "uf") == extra(rt, e, "exact") == 0
     full_check(rt)
 
 
@@ -105,11 +105,11 @@ def test_eviction_merges_two_components() -> None:
     rt = d.rt
     rt.evict(x)
     rt.evict(y)
-    assert x.uf.find() is not y.uf.find()
-    assert rt._extra(m, "uf") == 8 == rt._extra(m, "exact")
+    assert uf(x).find() is not uf(y).find()
+    assert extra(rt, m, "uf") == 8 == extra(rt, m, "exact")
     rt.evict(m)
-    assert x.uf.find() is y.uf.find() is m.uf.find()
-    assert m.uf.find().cost == 10
+    assert uf(x).find() is uf(y).find() is uf(m).find()
+    assert uf(m).find().cost == 10
     assert d.read(y) == 5 and d.read(x) == 4
     full_check(rt)
 
@@ -141,10 +141,10 @@ def test_components_are_never_split() -> None:
     # sees p's cost too under "uf", and only q's under "exact": the documented approximation.
     d, (c, m, p, q, r, dd) = _star("dtr_eq")
     rt = d.rt
-    assert m.resident and m.uf is None and not p.resident and not q.resident
-    assert p.uf.find() is q.uf.find() and q.uf.find().cost == 32
-    assert rt._extra(r, "exact") == 2
-    assert rt._extra(r, "uf") == 32 == rt._extra(r, "exact") + p.cost
+    assert m.resident and uf(m) is None and not p.resident and not q.resident
+    assert uf(p).find() is uf(q).find() and uf(q).find().cost == 32
+    assert extra(rt, r, "exact") == 2
+    assert extra(rt, r, "uf") == 32 == extra(rt, r, "exact") + p.cost
     full_check(rt)
 
 
@@ -152,8 +152,8 @@ def test_resident_storage_counts_each_adjacent_component_once() -> None:
     # m's two children p, q are in ONE component (through m when m was evicted): counted once
     d, (c, m, p, q, r, dd) = _star("dtr_eq")
     rt = d.rt
-    assert p.uf.find() is q.uf.find()
-    assert rt._extra(m, "uf") == 32 == rt._extra(m, "exact")
+    assert uf(p).find() is uf(q).find()
+    assert extra(rt, m, "uf") == 32 == extra(rt, m, "exact")
 
 
 # scores at clock 44 (staleness r 10, D 6, m 5), all 10 B:
@@ -182,13 +182,13 @@ def test_other_policies_keep_no_union_find(policy: str) -> None:
     b = d2.op1([a], 5, 10, lambda v: v * 2)
     d2.rt.evict(a)
     d2.rt.evict(b)
-    assert a.uf is None and b.uf is None
+    assert uf(a) is None and uf(b) is None
     assert d2.read(b) == 4
 
 
 def test_released_members_leave_the_component() -> None:
     # Regression (was a bug, eviction choices only): a storage released while evicted keeps
-    # its cost in its component's root, and _extra(..., "uf") also counts a released neighbour (which
+    # its cost in its component's root, and extra(rt, ..., "uf") also counts a released neighbour (which
     # _evict's union and the "exact" walk both skip). Released storages can never be recomputed, so
     # they should leave their component as rematerialized ones do.
     d = Driver(None, "dtr_eq")
@@ -198,8 +198,8 @@ def test_released_members_leave_the_component() -> None:
     x, y = d.op([a], 7, [10, 10], lambda v: [v, v + 1])  # x and y: two outputs of one op
     rt.evict(x)
     rt.drop_ref(x)  # no dependents: released
-    assert x.released and rt._extra(a, "exact") == 0
-    assert rt._extra(a, "uf") == 0, "a released neighbour still counts under 'uf'"
+    assert x.released and extra(rt, a, "exact") == 0
+    assert extra(rt, a, "uf") == 0, "a released neighbour still counts under 'uf'"
 
     d = Driver(None, "dtr_eq")
     rt = d.rt
@@ -210,5 +210,5 @@ def test_released_members_leave_the_component() -> None:
     rt.evict(a)
     rt.evict(b)
     rt.drop_ref(b)  # released while in the component {a, b}
-    assert b.released and rt._extra(e, "exact") == 3
-    assert a.uf.find().cost == 3 and rt._extra(e, "uf") == 3, "a released member's cost stays in the root"
+    assert b.released and extra(rt, e, "exact") == 3
+    assert uf(a).find().cost == 3 and extra(rt, e, "uf") == 3, "a released member's cost stays in the root"

@@ -130,7 +130,7 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
             if max_remats is not None and rt.rematerializations > max_remats:
                 raise TooMuchRecomputation(f"more than {max_remats} rematerializations at budget {budget} B")
 
-        rt.on_event = on_event
+        torch_dtr.listen(on_event)
 
         def check_now(_step: int = -1) -> None:
             rt.check()

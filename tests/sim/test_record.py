@@ -1,4 +1,4 @@
-"""torch_dtr.sim.record: logs of real training steps that read back and replay without a use after release."""
+"""torch_dtr.record: logs of real training steps that read back and replay without a use after release."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import torch_dtr
+from torch_dtr.record import record, record_script
 from torch_dtr.sim import log
-from torch_dtr.sim.record import record, record_script
 
 
 def lines(path) -> list[dict]:

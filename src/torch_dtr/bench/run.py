@@ -41,17 +41,18 @@ class Plan:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def _spawn(spec: dict, timeout: float, memory: bool = False) -> dict:
+def spawn(spec: dict, timeout: float, memory: bool = False, progress: bool = False) -> dict:
     """Run one worker. ``memory``: with glibc's mmap threshold fixed at 64 KiB, so that freed tensors go back
     to the OS and peak RSS follows live tensors; that setting slows every large allocation (docs/design.md,
-    Measuring memory), so timed runs use the allocator as users run it."""
+    Measuring memory), so timed runs use the allocator as users run it. ``progress``: the worker's progress
+    lines go to this process's stderr as they come."""
     env = dict(os.environ)
     if memory:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     cmd = [sys.executable, "-m", "torch_dtr.bench.worker", json.dumps(spec)]
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                           check=False)
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE,
+                           text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"kind": spec["kind"], "error": f"timed out after {timeout:.0f} s"}
     if p.returncode != 0:
@@ -98,7 +99,7 @@ def run(plan: Plan) -> dict[str, Any]:
         results["workloads"][name] = w
         common = base | {"workload": name, "size": size.__dict__}
         bar.set_description(f"{name}: smallest budget")
-        search = _spawn(common | {"kind": "search", "label": "search", "tolerance": 0.02 if plan.quick else 0.01,
+        search = spawn(common | {"kind": "search", "label": "search", "tolerance": 0.02 if plan.quick else 0.01,
                                   "remat_per_op": REMATS_PER_OP},
                         timeout)
         bar.update(1)
@@ -114,23 +115,23 @@ def run(plan: Plan) -> dict[str, Any]:
                 if rnd > 0 and c["kind"] == "compile":  # compiling takes minutes; its time is not close anyway
                     continue
                 bar.set_description(f"{name}: {c['label']} (round {rnd + 1})")
-                runs[c["label"]].append(_spawn(common | c, timeout) | {"spec": c})
+                runs[c["label"]].append(spawn(common | c, timeout) | {"spec": c})
                 bar.update(1)
         mem: dict[str, dict] = {}
         for c in cs:  # the memory round: one short run per contender that trained, allocator set for RSS
             if any("error" not in r for r in runs[c["label"]]):
                 bar.set_description(f"{name}: {c['label']} (memory)")
-                mem[c["label"]] = _spawn(common | c | {"warmup": 1, "steps": 1}, timeout, memory=True)
+                mem[c["label"]] = spawn(common | c | {"warmup": 1, "steps": 1}, timeout, memory=True)
             bar.update(1)
         w["contenders"] = {label: _merge(rs, mem.get(label)) for label, rs in runs.items()}
         bar.set_description(f"{name}: memory timeline")
         tl_ratio = max(0.5, min(1.0, search["min_ratio"] * 1.1))
-        w["timeline"] = _spawn(common | {"kind": "timeline", "budget": int(peak * tl_ratio), "ratio": tl_ratio,
+        w["timeline"] = spawn(common | {"kind": "timeline", "budget": int(peak * tl_ratio), "ratio": tl_ratio,
                                          "label": "timeline", "max_remats": REMATS_PER_OP * search["ops"]}, timeout)
         bar.update(1)
         if name != "lstm":
             bar.set_description(f"{name}: batch scaling")
-            w["scale"] = _spawn(common | {"kind": "scale", "label": "scale", "remat_cap": REMATS_PER_OP * search["ops"],
+            w["scale"] = spawn(common | {"kind": "scale", "label": "scale", "remat_cap": REMATS_PER_OP * search["ops"],
                                           "multiples": (2,) if plan.quick else (2, 3, 4)}, timeout * 2)
         bar.update(1)
     bar.close()

@@ -54,7 +54,7 @@ def _cap_remats(limit: int) -> None:
         if kind == "remat" and rt.rematerializations - _STEP_START[0] > limit:
             raise Thrash(f"more than {limit} recomputations in one step")
 
-    rt.on_event = on_event
+    torch_dtr.listen(on_event)
 
 
 def _train(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
@@ -204,26 +204,24 @@ def _scale(spec: dict, step_unused: Any) -> dict:
 
 
 def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
-    from ..eager import front as _front
-
     out: dict[str, Any] = {}
     step(model, batches[0])  # warm up (lazy optimizer state, caches)
     cap = spec.get("max_remats", 10**9)
     for label, budget in (("unbounded", None), ("bounded", spec["budget"])):
         torch_dtr.enable(budget=budget)
-        f = _front._ACTIVE
         rt = torch_dtr.runtime()
-        trace: list[int] = []
+        trace: list[int] = []  # tracked bytes after each managed op
         events: list[tuple[str, int]] = []
-        f.trace = trace
 
         def on_event(kind: str, _s: object, rt: Any = rt, trace: list = trace, events: list = events) -> None:
-            if kind in ("evict", "remat"):
+            if kind == "op":
+                trace.append(rt.memory.tracked)
+            elif kind in ("evict", "remat"):
                 events.append((kind, len(trace)))
             if kind == "remat" and rt.rematerializations > cap:
                 raise Thrash(f"more than {cap} recomputations in one step")
 
-        rt.on_event = on_event
+        torch_dtr.listen(on_event)
         marks: list[int] = []
         try:
             torch.manual_seed(0)
@@ -231,8 +229,6 @@ def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> d
         except (torch_dtr.BudgetError, Thrash) as e:
             out["error"] = f"at {label}: {type(e).__name__}: {str(e)[:200]}"
         finally:
-            f.trace = None
-            rt.on_event = None
             torch_dtr.disable()
         out[label] = {"trace": trace, "backward_at": marks[0] if marks else None,
                       "evict_at": [i for k, i in events if k == "evict"],

@@ -31,7 +31,7 @@ class Size:
 
 
 SIZES: dict[str, dict[str, Size]] = {
-    "gpt2": {"full": Size(4, 6, 512, 256), "quick": Size(2, 2, 128, 64)},
+    "gpt2": {"full": Size(4, 6, 512, 256), "quick": Size(2, 2, 128, 64), "demo": Size(8, 4, 256, 256)},
     "resnet50": {"full": Size(8, 50, 0, 128), "quick": Size(4, 8, 0, 64)},
     "lstm": {"full": Size(32, 1, 768, 96), "quick": Size(8, 1, 128, 24)},
 }

@@ -1,11 +1,14 @@
 """The framework-agnostic DTR core. It must never import torch (a test checks this)."""
 
+from .errors import BudgetError, InternalError, fmt_bytes
 from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, POLICIES, Policy, get_policy, register
-from .records import Op, Storage, UFNode
-from .runtime import BudgetError, InternalError, Runtime, Stats, fmt_bytes
+from .records import Op, Storage
+from .runtime import Listener, Runtime, Stats
+from .trackers import TRACKERS, Chain, Tracker, UFNode, register_tracker
 
 __all__ = [
-    "DEFAULT_POLICY", "POLICIES", "BudgetError", "Drop", "InternalError", "Memory", "Op", "Policy",
-    "Runtime", "Stats", "Storage", "UFNode", "fmt_bytes", "get_policy", "register",
+    "DEFAULT_POLICY", "POLICIES", "TRACKERS", "BudgetError", "Chain", "Drop", "InternalError", "Listener", "Memory",
+    "Op", "Policy", "Runtime", "Stats", "Storage", "Tracker", "UFNode", "fmt_bytes", "get_policy", "register",
+    "register_tracker",
 ]

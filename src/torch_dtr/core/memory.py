@@ -1,4 +1,8 @@
-"""The two replaceable parts of the runtime: how memory is counted, and what happens to a victim.
+"""The two replaceable parts of the runtime: how memory is counted, and what happens to a victim."""
+
+from __future__ import annotations
+
+from .records import Storage
 
 # NOTE [ Budget accounting ]
 #
@@ -11,11 +15,6 @@
 #    before running (data-dependent shapes), it reserves an upper bound.
 # 4. An optional ``extra_usage()`` callback lets a front end add a real allocator's count (CUDA):
 #    eviction then also continues while that count + n would pass the budget.
-"""
-
-from __future__ import annotations
-
-from .records import Storage
 
 
 class Memory:
@@ -50,10 +49,9 @@ class Memory:
 class Drop:
     """Victim handling of plain DTR: forget the value; the recipe recomputes it on the next use.
 
-    A swapping tier would instead copy the payload to host memory here and restore it in ``restore``.
+    A swapping tier would replace it: copy the payload to a slower tier here, and bring it back instead of
+    recomputing it.
     """
-
-    name = "drop"
 
     def evict(self, s: Storage) -> None:
         s.payload = None

@@ -5,17 +5,12 @@ Every policy sees the same features of a resident candidate ``t``:
 - ``cost``: compute time of the recipe that produces ``t`` (seconds live, the log's time in simulation);
 - ``nbytes``: bytes of its storage;
 - ``staleness``: clock time since ``t`` was last read or written;
-- ``extra``: a cost that depends on the policy's ``extra`` kind, computed by the runtime:
-
-  * ``"uf"``: summed cost of the evicted components adjacent to ``t``, found through union-find
-    (h_DTR^eq of the DTR paper: cheap, approximate because components are never split);
-  * ``"exact"``: summed cost of the evicted neighbourhood e*(t), found by a graph walk (h_DTR);
-  * ``"ancestors"``: summed cost of the evicted ancestors that rematerializing ``t`` would recompute (MSPS);
-  * ``"chain"``: a ``Chain`` (not a float) of three O(neighbours) estimates (runtime NOTE [ Evicted chains ]):
-    ``nbhd``, the union-find neighbourhood cost (as ``"uf"``); ``path``, the recipe cost along the
-    costliest evicted path above ``t`` (what bringing ``t`` back recomputes at least, beyond its own recipe);
-    ``length``, the storages on the longest evicted chain through ``t`` once it is evicted (>= 1);
-  * ``""``: always 0.
+- ``extra``: the feature of the policy's ``extra`` kind, kept by the tracker registered for that kind
+  (``trackers.py``: ``"uf"``, ``"exact"``, ``"ancestors"``, ``"chain"``, or ``""`` for none). For
+  ``"chain"`` it is a ``Chain`` (not a float): ``nbhd``, the union-find neighbourhood cost (as ``"uf"``);
+  ``path``, the recipe cost along the costliest evicted path above ``t`` (what bringing ``t`` back
+  recomputes at least, beyond its own recipe); ``length``, the storages on the longest evicted chain
+  through ``t`` once it is evicted (>= 1).
 
 The policies:
 
@@ -29,7 +24,8 @@ The policies:
 - ``lru``: ``1 / staleness``; ``size``: ``1 / nbytes``;
 - ``msps``: ``(cost + extra) / nbytes`` with ``"ancestors"`` (Chen et al.'s MSPS, as in the DTR paper).
 
-A policy is a frozen dataclass; register a new one with ``register``.
+A policy is a frozen dataclass; register a new one with ``register`` (and a new kind of feature with
+``trackers.register_tracker``).
 """
 
 from __future__ import annotations
@@ -37,30 +33,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
+
+from .trackers import TRACKERS, Chain
 
 Score = Callable[[float, int, float, Any], float]  # extra: a float, or a ``Chain`` for the "chain" kind
-
-EXTRA_KINDS = ("", "uf", "exact", "ancestors", "chain")
-
-
-class Chain(NamedTuple):
-    """The ``extra`` of the ``"chain"`` kind (runtime NOTE [ Evicted chains ])."""
-
-    nbhd: float  # union-find evicted-neighbourhood cost, as the "uf" kind
-    path: float  # recipe cost along the costliest evicted path above the candidate (0: no input evicted)
-    length: int  # storages on the longest evicted chain through the candidate once it is evicted (>= 1)
 
 
 @dataclass(frozen=True)
 class Policy:
     name: str
     score: Score
-    extra: str = ""  # one of EXTRA_KINDS
+    extra: str = ""  # a kind registered in trackers.TRACKERS
 
     def __post_init__(self) -> None:
-        if self.extra not in EXTRA_KINDS:
-            raise ValueError(f"torch_dtr: policy {self.name!r} has unknown extra kind {self.extra!r}")
+        if self.extra not in TRACKERS:
+            raise ValueError(f"torch_dtr: policy {self.name!r} has unknown extra kind {self.extra!r}; "
+                             f"known kinds: {sorted(TRACKERS)} (add one with trackers.register_tracker)")
 
 
 def _h_dtr(cost: float, nbytes: int, staleness: float, extra: float) -> float:

@@ -27,40 +27,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-class UFNode:
-    """A union-find set of evicted storages and the summed compute cost of its members."""
-
-    __slots__ = ("parent", "cost")
-
-    def __init__(self, cost: float = 0.0) -> None:
-        self.parent: UFNode = self
-        self.cost = cost
-
-    def find(self) -> UFNode:
-        root = self
-        while root.parent is not root:
-            root = root.parent
-        node = self
-        while node.parent is not root:  # path compression
-            node.parent, node = root, node.parent
-        return root
-
-    def union(self, other: UFNode) -> UFNode:
-        a, b = self.find(), other.find()
-        if a is b:
-            return a
-        b.parent = a
-        a.cost += b.cost
-        return a
-
-
 class Storage:
     """One unit of memory that the runtime may evict and rematerialize as a whole."""
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "uf", "released", "forward", "chain_up", "chain_down", "path_cost",
-        "__weakref__",
+        "last_access", "children", "aux", "released", "forward", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
@@ -75,13 +47,9 @@ class Storage:
         self.deps = 0  # live ops that read this storage (see invariant 3)
         self.last_access = 0.0
         self.children: list[Op] = []  # ops that read this storage
-        self.uf: UFNode | None = None  # set of evicted neighbours while evicted (h_DTR^eq)
+        self.aux: Any = None  # the policy's tracker keeps its state here (trackers.py)
         self.released = False
         self.forward: Storage | None = None  # newer version after an in-place write
-        # while evicted, kept by the "chain" extra kind (``Runtime._note_chain``; stale estimates, O(neighbours)):
-        self.chain_up = 1  # storages on the longest evicted path ending here (this one included)
-        self.chain_down = 1  # storages on the longest evicted path starting here (this one included)
-        self.path_cost = op.cost if op is not None else 0.0  # recipe cost along the costliest such path up
 
     @property
     def cost(self) -> float:

@@ -1,13 +1,38 @@
 """The DTR runtime: records recipes, keeps tracked bytes within a budget, evicts, rematerializes.
 
-It imports no torch. A front end (``torch_dtr.eager`` live, ``torch_dtr.sim`` for logs) drives it:
+It imports no torch. A driver (``torch_dtr.eager`` live, ``torch_dtr.sim`` for logs, the core's tests)
+talks to it only through these verbs, and never writes a record's fields:
 
-    rt.reserve(nbytes_of_outputs)          # evicts until the outputs fit
-    ... run the op ...
-    op = rt.record(inputs, cost, compute)  # the recipe
-    s = rt.output(op, nbytes, payload)     # one storage per distinct output storage
+    held = rt.acquire(inputs)                  # rematerialize what is missing, lock every input
+    try:
+        rt.reserve(nbytes_of_outputs, where)   # evict until the outputs fit
+        ... run the op ...
+        op = rt.ran(inputs, cost, compute)     # count it, advance the clock; the recipe (None: no recipe)
+        s = rt.output(op, nbytes, payload)     # one storage per distinct output storage
+    finally:
+        rt.release(held)                       # unlock
+    rt.add_ref(s) / rt.drop_ref(s)             # handles (tensors, log names) on a storage
 
-and calls ``rt.rematerialize(s)`` when it needs the payload of an evicted storage.
+plus ``new_version`` (in-place writes), ``add_constant``, ``pin``, ``get``/``rematerialize``, ``evict``,
+``evict_some`` (out-of-memory retries), ``set_cost``, ``set_budget`` and ``listen`` (observers of its events).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BudgetError, InternalError, fmt_bytes, internal_assert
+from .memory import Drop, Memory
+from .policies import DEFAULT_POLICY, Policy, get_policy
+from .records import Op, Storage
+from .trackers import TRACKERS
+
+__all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_bytes", "internal_assert"]
 
 # NOTE [ Lifetimes ]
 #
@@ -21,45 +46,29 @@ and calls ``rt.rematerialize(s)`` when it needs the payload of an evicted storag
 #    evictions chosen by the policy.
 # 4. So nothing accumulates across iterations: when an iteration's tensors die, every storage they
 #    produced is released and tracked bytes return to the constants.
-"""
 
-from __future__ import annotations
+# NOTE [ Locks during rematerialization ]
+#
+# 1. A frame whose recipe has evicted inputs pushes a frame for each and waits; it locks nothing while it
+#    waits, so the memory held by a deep chain of pending frames stays small.
+# 2. A frame that brought its storage back hands it, locked, to the frame that asked for it, so the
+#    inputs a frame has collected cannot be evicted again.
+# 3. When no input is missing, the frame locks all of them, runs the recipe and drops its locks. Inputs
+#    evicted while the frame waited are simply missing the next time it looks: since the collected inputs
+#    stay locked (2), each look finds fewer missing and the loop ends.
+# 4. Recipes form a DAG (inputs are older than outputs), so the stack empties.
+# 5. Of several missing inputs, the oldest is recomputed first: in a recurrence the oldest input is the
+#    one with the long chain behind it, and doing it first means no frame on that chain holds a locked
+#    sibling while the chain is recomputed below it.
+# 6. Intermediates without handles (``refs == 0``: old versions of in-place writes, values whose tensors
+#    died but whose readers live) were brought back only to feed the recipes above them. When the whole
+#    rematerialization is done, those whose every reader's outputs are resident again are dropped at once
+#    (as NOTE [ Lifetimes ] 3). One with a reader still evicted stays, to the policy.
+# Why each rule is there, with the measurements: docs/design.md (Rematerialization).
 
-import math
-import random
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
-
-from .memory import Drop, Memory
-from .policies import DEFAULT_POLICY, Chain, Policy, get_policy
-from .records import Op, Storage, UFNode
-
-
-def _sid(s: Storage) -> int:
-    return s.sid
-
-
-class BudgetError(RuntimeError):
-    """The budget cannot be kept: everything that could be evicted has been, and the op still does not fit."""
-
-
-class InternalError(AssertionError):
-    """A bug in torch_dtr (never the user's mistake). Please report it with the message."""
-
-
-def internal_assert(cond: bool, msg: str) -> None:
-    if not cond:
-        raise InternalError(f"torch_dtr internal error: {msg}")
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+Listener = Callable[[str, "Storage | None"], None]
+"""An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
+"op" (a driver finished an op; storage ``None``). It may raise to stop the program (e.g. a thrash cap)."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,12 @@ class Stats:
     rematerializations: int  # recipes run again
     remat_seconds: float
     search_seconds: float
-    ops: int  # ops recorded (managed ops run by the program)
+    ops: int  # ops run by the driver (managed ops of the program)
     live_storages: int  # records held (resident or evicted)
+
+
+def _sid(s: Storage) -> int:
+    return s.sid
 
 
 class Runtime:
@@ -93,7 +106,9 @@ class Runtime:
         if budget is not None and budget < 0:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
+        self.peak_limit = budget  # the largest budget in force since the peak was last reset (check())
         self.policy = get_policy(policy)
+        self.tracker = TRACKERS[self.policy.extra]()
         self.sample_sqrt = sample_sqrt
         self.min_evict_bytes = min_evict_bytes
         self.memory = memory or Memory()
@@ -109,20 +124,69 @@ class Runtime:
         self.remat_seconds = self.search_seconds = 0.0
         self.remat_cost = 0.0  # summed recipe cost of rematerializations (the simulator's overhead)
         self.scored = 0  # candidates scored by the eviction search (policy metadata accesses)
-        self.on_event: Callable[[str, Storage], None] | None = None  # "evict", "remat", "drop", "release"
-        self.where = ""  # what the front end is running (for error messages)
+        self.listeners: list[Listener] = []
 
-    # ------------------------------------------------------------------ records
-    def record(self, inputs: Sequence[Storage], cost: float, compute: Callable[[], Sequence[Any]] | None,
-               name: str = "") -> Op:
-        """Record a recipe that just ran: touches its inputs and advances the clock by its cost.
+    # ------------------------------------------------------------------ observers
+    def listen(self, fn: Listener) -> Callable[[], None]:
+        """Call ``fn(kind, storage)`` on every event from now on; returns a function that stops it."""
+        self.listeners.append(fn)
 
-        Every recorded op must get at least one output (``output`` or ``new_version``), or its inputs
-        would keep a dependent forever.
+        def remove() -> None:
+            if fn in self.listeners:
+                self.listeners.remove(fn)
+
+        return remove
+
+    def emit(self, kind: str, s: Storage | None) -> None:
+        for fn in self.listeners:
+            fn(kind, s)
+
+    # ------------------------------------------------------------------ the per-op verbs
+    def acquire(self, storages: Sequence[Storage], *, resident_first: bool = True) -> list[Storage]:
+        """Make every storage resident and lock it for the op about to run; returns the locked storages,
+        to be handed to ``release`` when the op is done (also when it raised).
+
+        The resident ones are locked first, so that rematerializing the others cannot evict them; then the
+        others are rematerialized in order (bringing one back may already have brought back another).
+        ``resident_first=False`` instead rematerializes and locks one storage after the other, in order, as
+        the DTR authors' simulator does (``sim.replay`` follows it so that its overheads compare with theirs).
         """
-        op = Op(inputs, cost, compute, name)
+        held: list[Storage] = []
+        missing: list[Storage] = []
+        try:
+            for s in storages:
+                if s.resident and resident_first:
+                    s.locks += 1
+                    held.append(s)
+                else:
+                    missing.append(s)
+            for s in missing:
+                if not s.resident:
+                    self.rematerialize(s)
+                s.locks += 1
+                held.append(s)
+        except BaseException:
+            self.release(held)
+            raise
+        return held
+
+    def release(self, held: Sequence[Storage]) -> None:
+        for s in held:
+            s.locks -= 1
+
+    def ran(self, inputs: Sequence[Storage], cost: float, compute: Callable[[], Sequence[Any]] | None = None,
+            name: str = "") -> Op | None:
+        """An op just ran on ``inputs``: count it, advance the clock by ``cost`` and touch the inputs. With a
+        ``compute``, record its recipe and return it; every recipe must then get at least one output
+        (``output`` or ``new_version``), or its inputs would keep a dependent forever."""
+        self.ops += 1
         self.clock += cost
         now = self.clock
+        if compute is None:
+            for s in inputs:
+                s.last_access = now
+            return None
+        op = Op(inputs, cost, compute, name)
         for s in op.inputs:
             s.deps += 1
             s.children.append(op)
@@ -131,21 +195,33 @@ class Runtime:
 
     def output(self, op: Op | None, nbytes: int, payload: Any) -> Storage:
         """A new resident storage produced by ``op``; with ``op=None`` it is pinned (never recomputed)."""
+        s = self._storage(op, nbytes, payload)
+        self.memory.alloc(s)
+        return s
+
+    def _storage(self, op: Op | None, nbytes: int, payload: Any) -> Storage:
         s = Storage(self.next_sid, nbytes, payload, op, op is None)
         self.next_sid += 1
         s.last_access = self.clock
         if op is not None:
             op.outputs.append(s)
             op.live += 1
-        self.memory.alloc(s)
         self.live[s] = None
         if not s.pinned:
-            self.candidates[s] = None
-            self.candidate_bytes += nbytes
+            self._add_candidate(s)
         return s
 
-    def touch(self, s: Storage) -> None:
-        s.last_access = self.clock
+    def get(self, s: Storage) -> Any:
+        """The payload of ``s``, rematerialized first when evicted."""
+        if not s.resident:
+            self.rematerialize(s)
+        return s.payload
+
+    def set_cost(self, op: Op, cost: float) -> None:
+        """Replace ``op``'s cost by a better measurement (CUDA events), unless the old one is already summed
+        into the tracker's state (an output in an evicted union-find set)."""
+        if op.compute is not None and not any(self.tracker.grouped(o) for o in op.outputs):
+            op.cost = cost
 
     # ------------------------------------------------------------------ handles and lifetimes
     def add_ref(self, s: Storage) -> None:
@@ -162,10 +238,7 @@ class Runtime:
             if s.deps == 0:
                 self._release(s)
             elif s.resident and not s.pinned and s.locks == 0:
-                self._evict(s)
-                self.drops += 1
-                if self.on_event:
-                    self.on_event("drop", s)
+                self._evict(s, "drop")
 
     def _release(self, s: Storage) -> None:
         work = [s]
@@ -176,11 +249,11 @@ class Runtime:
             s.released = True
             if s.resident:
                 self._unresident(s)
-            self._leave_component(s)
+            self.tracker.restored(s)
             s.payload = None
             self.live.pop(s, None)
-            if self.on_event:
-                self.on_event("release", s)
+            if self.listeners:
+                self.emit("release", s)
             op = s.op
             if op is None:
                 continue
@@ -199,16 +272,23 @@ class Runtime:
                 op.outputs = []
                 op.inputs = ()
 
-    def _unresident(self, s: Storage) -> None:
-        s.resident = False
-        self.memory.free(s)
+    def _add_candidate(self, s: Storage) -> None:
+        self.candidates[s] = None
+        self.candidate_bytes += s.nbytes
+
+    def _drop_candidate(self, s: Storage) -> None:
         if self.candidates.pop(s, 0) is None:
             self.candidate_bytes -= s.nbytes
 
+    def _unresident(self, s: Storage) -> None:
+        s.resident = False
+        self.memory.free(s)
+        self._drop_candidate(s)
+
     # ------------------------------------------------------------------ constants
-    def add_constant(self, nbytes: int) -> None:
+    def add_constant(self, nbytes: int, where: str = "") -> None:
         """Count a constant storage (already in memory) against the budget, evicting to make room."""
-        self.reserve(nbytes)
+        self.reserve(nbytes, where)
         self.memory.add_constant(nbytes)
 
     def remove_constant(self, nbytes: int) -> None:
@@ -230,53 +310,49 @@ class Runtime:
             internal_assert(False, f"in-place write to non-resident {old}")
         if payload is not None:
             new = self.output(op, old.nbytes, payload)
-            self._move_refs(old, new)
-            return new
-        new = Storage(self.next_sid, old.nbytes, old.payload, op, op is None)
-        self.next_sid += 1
-        new.last_access = self.clock
-        if op is not None:
-            op.outputs.append(new)
-            op.live += 1
-        self.live[new] = None
-        # the bytes move from old to new: tracked does not change
-        old.payload = None
-        old.resident = False
-        if self.candidates.pop(old, 0) is None:
-            self.candidate_bytes -= old.nbytes
-        if not new.pinned:
-            self.candidates[new] = None
-            self.candidate_bytes += new.nbytes
-        self._move_refs(old, new)
-        return new
-
-    def _move_refs(self, old: Storage, new: Storage) -> None:
+        else:  # the bytes move from old to new: tracked does not change
+            new = self._storage(op, old.nbytes, old.payload)
+            old.payload = None
+            old.resident = False
+            self._drop_candidate(old)
         old.forward = new
         new.refs += old.refs
         old.refs = 0
         if old.deps == 0:
             self._release(old)
+        return new
 
     def pin(self, s: Storage) -> None:
         """Never evict ``s`` from now on (its memory is shared with something the runtime cannot see)."""
         if not s.pinned:
             s.pinned = True
-            if self.candidates.pop(s, 0) is None:
-                self.candidate_bytes -= s.nbytes
+            self._drop_candidate(s)
 
     # ------------------------------------------------------------------ budget and eviction
-    def reserve(self, nbytes: int) -> None:
-        """Evict until ``nbytes`` more fit within the budget; raise ``BudgetError`` when they cannot."""
+    def set_budget(self, budget: int | None) -> None:
+        """Change the budget and evict until tracked bytes fit it; if they cannot, the old budget stays and
+        ``BudgetError`` says why."""
+        if budget is not None and budget < 0:
+            raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
+        old, self.budget = self.budget, budget
+        try:
+            self.reserve(0, "the new budget")
+        except BaseException:
+            self.budget = old
+            raise
+        if self.peak_limit is not None:
+            self.peak_limit = None if budget is None else max(self.peak_limit, budget)
+
+    def reserve(self, nbytes: int, where: str = "") -> None:
+        """Evict until ``nbytes`` more fit within the budget; raise ``BudgetError`` when they cannot.
+        ``where`` names what needs the bytes, for the error message."""
         if self.budget is None:
             return
         while self._used() + nbytes > self.budget:
             victim = self._choose()
             if victim is None:
-                self._raise_budget(nbytes)
-            self._evict(victim)
-            self.evictions += 1
-            if self.on_event:
-                self.on_event("evict", victim)
+                self._raise_budget(nbytes, where)
+            self._evict(victim, "evict")
 
     def evict_some(self, nbytes: int) -> int:
         """Evict by the policy until ``nbytes`` were freed or nothing is left to evict; return the bytes freed.
@@ -289,19 +365,34 @@ class Runtime:
             victim = self._choose()
             if victim is None:
                 break
-            self._evict(victim)
-            self.evictions += 1
+            self._evict(victim, "evict")
             freed += victim.nbytes
-            if self.on_event:
-                self.on_event("evict", victim)
         return freed
+
+    def evict(self, s: Storage) -> None:
+        """Evict ``s`` now, by the driver's choice (it must be resident, unpinned and unlocked)."""
+        if not s.resident or s.pinned or s.locks:
+            internal_assert(False, f"cannot evict {s}")
+        self._evict(s, "evict")
+
+    def _evict(self, s: Storage, kind: str) -> None:
+        """Evict ``s``, count it as ``kind`` ("evict": to make room, "drop": NOTE [ Lifetimes ] 3), tell."""
+        self._unresident(s)
+        self.victim.evict(s)
+        self.tracker.evicted(s)
+        if kind == "evict":
+            self.evictions += 1
+        else:
+            self.drops += 1
+        if self.listeners:
+            self.emit(kind, s)
 
     def _used(self) -> int:
         if self.extra_usage is None:
             return self.memory.tracked
         return max(self.memory.tracked, self.extra_usage())
 
-    def _raise_budget(self, nbytes: int) -> None:
+    def _raise_budget(self, nbytes: int, where: str) -> None:
         held = self.memory.tracked
         locked = sum(s.nbytes for s in self.candidates if s.locks)
         need = held + nbytes
@@ -309,7 +400,7 @@ class Runtime:
             f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept: "
             f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(self.memory.constants)}, "
             f"locked by the op in flight and recomputations {fmt_bytes(locked)}, pinned or kept "
-            f"{fmt_bytes(held - self.memory.constants - locked)}) and {self.where or 'the op'} needs "
+            f"{fmt_bytes(held - self.memory.constants - locked)}) and {where or 'the op'} needs "
             f"{fmt_bytes(nbytes)} more; "
             f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here, e.g. "
             f"torch_dtr.enable(budget={math.ceil(need * 1.1)})"
@@ -337,124 +428,18 @@ class Runtime:
         return best
 
     def _best(self, pool: Any, floor: float) -> Storage | None:
-        score, extra_kind = self.policy.score, self.policy.extra
+        score = self.policy.score
+        extra = self.tracker.extra if self.tracker.scores else None
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
         for s in pool:
             if s.locks or s.nbytes < floor or s.nbytes == 0:
                 continue
-            staleness = now - s.last_access + 1e-9
-            extra = self._extra(s, extra_kind) if extra_kind else 0.0
-            v = score(s.cost, s.nbytes, staleness, extra)
+            v = score(s.cost, s.nbytes, now - s.last_access + 1e-9, extra(s) if extra else 0.0)
             if v < best_score:
                 best, best_score = s, v
         return best
-
-    def _extra(self, s: Storage, kind: str) -> float:
-        if kind == "uf":
-            roots = {n.uf.find() for n in s.neighbours() if n.uf is not None and not n.resident and not n.released}
-            return sum(r.cost for r in roots)
-        if kind == "exact":
-            return sum(n.cost for n in self._evicted_component(s.neighbours()))
-        if kind == "ancestors":
-            return sum(n.cost for n in self._evicted_component(s.op.inputs if s.op else (), up_only=True))
-        if kind == "chain":
-            return self._chain(s)
-        raise InternalError(f"torch_dtr internal error: unknown extra kind {kind!r}")
-
-    @staticmethod
-    def _evicted_component(start: Sequence[Storage], up_only: bool = False) -> set[Storage]:
-        seen: set[Storage] = set()
-        work = [n for n in start if not n.resident and not n.released]
-        while work:
-            n = work.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            nxt = (n.op.inputs if n.op else ()) if up_only else n.neighbours()
-            work.extend(m for m in nxt if not m.resident and not m.released and m not in seen)
-        return seen
-
-    def evict(self, s: Storage) -> None:
-        """Evict ``s`` now (it must be resident, unpinned and unlocked)."""
-        if not s.resident or s.pinned or s.locks:
-            internal_assert(False, f"cannot evict {s}")
-        self._evict(s)
-        self.evictions += 1
-
-    def _evict(self, s: Storage) -> None:
-        self._unresident(s)
-        self.victim.evict(s)
-        kind = self.policy.extra
-        if kind == "uf" or kind == "chain":
-            node = s.uf = UFNode(s.cost)
-            for n in s.neighbours():
-                if n.uf is not None and not n.resident and not n.released:
-                    node.union(n.uf)
-            if kind == "chain":
-                self._note_chain(s)
-
-    # NOTE [ Evicted chains ]
-    #
-    # The "chain" extra kind keeps, on each evicted storage, three estimates about the evicted paths through
-    # it (paths along recipe edges whose storages are all evicted):
-    #   chain_up:   storages on the longest such path ending at it (its recipe's evicted inputs, theirs, ...);
-    #   chain_down: storages on the longest such path starting at it (evicted users' outputs, theirs, ...);
-    #   path_cost:  summed recipe cost along the costliest path up (what recomputing it runs at least).
-    # 1. They are set when the storage is evicted, from its evicted neighbours' values, and pushed one step
-    #    to those neighbours (an evicted user's output now has this one above it, an evicted input this one
-    #    below it). So an eviction and a candidate's score both cost O(neighbours), never O(graph).
-    # 2. The price: they are estimates. A value further than one step from a later eviction is not updated
-    #    (lengths and costs can be low), and a rematerialization updates nothing (they can be high until the
-    #    storage is evicted again). A resident storage's values are never read (only evicted neighbours'
-    #    are); one made non-resident by an in-place write (``new_version``) keeps the values it had.
-    # 3. The policy uses them to see (a) what bringing a candidate back costs beyond its own recipe, which the
-    #    union-find neighbourhood blurs once components grow (on the LSTM log nearly every dropped storage is
-    #    in one component), and (b) how long a chain of evicted storages the eviction would make: a long
-    #    chain is recomputed by a deep cascade that holds locks at every level (NOTE [ Locks during
-    #    rematerialization ]) and can run out of budget halfway.
-    @staticmethod
-    def _note_chain(s: Storage) -> None:
-        up = down = 0
-        path = 0.0
-        op = s.op
-        ins = [i for i in op.inputs if not i.resident and not i.released] if op is not None else []
-        outs = [o for c in s.children for o in c.outputs if not o.resident and not o.released]
-        for i in ins:
-            up = max(up, i.chain_up)
-            path = max(path, i.path_cost)
-        for o in outs:
-            down = max(down, o.chain_down)
-        s.chain_up, s.chain_down = up + 1, down + 1
-        s.path_cost = s.cost + path
-        for o in outs:
-            o.chain_up = max(o.chain_up, up + 2)
-            o.path_cost = max(o.path_cost, o.cost + s.path_cost)
-        for i in ins:
-            i.chain_down = max(i.chain_down, down + 2)
-
-    @staticmethod
-    def _chain(s: Storage) -> Chain:
-        """The "chain" extra of a resident candidate (NOTE [ Evicted chains ]), in one pass over its neighbours."""
-        roots: set[UFNode] = set()
-        up = down = 0
-        path = 0.0
-        op = s.op
-        if op is not None:
-            for i in op.inputs:
-                if not i.resident and not i.released:
-                    up = max(up, i.chain_up)
-                    path = max(path, i.path_cost)
-                    if i.uf is not None:
-                        roots.add(i.uf.find())
-        for c in s.children:
-            for o in c.outputs:
-                if not o.resident and not o.released:
-                    down = max(down, o.chain_down)
-                    if o.uf is not None:
-                        roots.add(o.uf.find())
-        return Chain(sum(r.cost for r in roots), path, up + down + 1)
 
     # ------------------------------------------------------------------ rematerialization
     def lock(self, storages: Sequence[Storage]) -> None:
@@ -466,37 +451,8 @@ class Runtime:
             s.locks -= 1
 
     def rematerialize(self, target: Storage) -> None:
-        """Make ``target`` resident again, recomputing evicted inputs first (an explicit stack, no recursion).
-
-        # NOTE [ Locks during rematerialization ]
-        #
-        # 1. A frame whose recipe has evicted inputs pushes a frame for each and waits; it locks nothing
-        #    while it waits, so the memory held by a deep chain of pending frames stays small (locking every
-        #    resident input on the way down held 1.5 GiB of a 1.7 GiB budget on the LSTM log and failed).
-        # 2. A frame that brought its storage back hands it, locked, to the frame that asked for it, so the
-        #    inputs a frame has collected cannot be evicted again.
-        # 3. When no input is missing, the frame locks all of them, runs the recipe and drops its locks.
-        #    Inputs evicted while the frame waited are simply missing the next time it looks: since the
-        #    collected inputs stay locked (2), each look finds fewer missing and the loop ends.
-        # 4. Recipes form a DAG (inputs are older than outputs), so the stack empties.
-        # 5. Of several missing inputs, the oldest is recomputed first. In a recurrence (an LSTM's cell
-        #    state) the oldest input is the one with the long chain behind it; doing it first means no frame
-        #    on that chain holds a locked sibling while the chain is recomputed below it (siblings done
-        #    first held one locked gate per time step: 458 storages, 1.5 GiB, on the LSTM log).
-        # 6. Intermediates without handles (``refs == 0``: old versions of in-place writes, values whose
-        #    tensors died but whose readers live) were brought back only to feed the recipes above them.
-        #    When the whole rematerialization is done, those whose every reader's outputs are resident
-        #    again are evicted at once (as NOTE [ Lifetimes ] 3 evicts such a storage when its last handle
-        #    dies) and counted as drops. Kept, they were the freshest storages in memory, so the policy
-        #    evicted everything else first: on a live LSTM step (an in-place write per gate, so five
-        #    versions per time step) that turned a 70% budget into 116,000 recomputations in one step; on
-        #    the tests' tree RNN at 30-40% of its peak every run thrashed without this rule; with it half
-        #    train at 30% and all at 40% (docs/design.md, Known limits). One with a reader still evicted stays (to the
-        #    policy): it is likely needed again soon, and dropping it too made a recorded MLP log
-        #    infeasible at 0.9 of its peak (the readers' next rematerialization had to recompute it again
-        #    with more locked at once). Making them merely stale again (the policy's first pick, evicted
-        #    only when room is needed) was tried too: the tree RNN then thrashed at 25-40% in every run.
-        """
+        """Make ``target`` resident again, recomputing evicted inputs first (an explicit stack, no recursion;
+        NOTE [ Locks during rematerialization ])."""
         if target.resident:
             return
         # frame: [storage, locks held for its recipe, index of the frame that asked for it]
@@ -535,20 +491,16 @@ class Runtime:
             for s in brought:  # rule 6
                 if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
                         and all(o.resident or o.released for c in s.children for o in c.outputs)):
-                    self._evict(s)
-                    self.drops += 1
-                    if self.on_event:
-                        self.on_event("drop", s)
+                    self._evict(s, "drop")
 
     def _recompute(self, op: Op) -> None:
-        where, self.where = self.where, f"recomputing {op.name or 'an op'}"
         siblings = [o for o in op.outputs if o.resident]
         self.lock(siblings)  # reserve() must not evict an output that compute() is about to bring back
         try:
-            self.reserve(sum(o.nbytes for o in op.outputs if not o.resident and not o.released))
+            self.reserve(sum(o.nbytes for o in op.outputs if not o.resident and not o.released),
+                         f"recomputing {op.name or 'an op'}")
         finally:
             self.unlock(siblings)
-            self.where = where
         t0 = time.perf_counter()
         payloads = op.compute()  # type: ignore[misc]
         self.remat_seconds += time.perf_counter() - t0
@@ -566,18 +518,10 @@ class Runtime:
             o.last_access = now
             self.memory.alloc(o)
             if not o.pinned:
-                self.candidates[o] = None
-                self.candidate_bytes += o.nbytes
-            self._leave_component(o)
-            if self.on_event:
-                self.on_event("remat", o)
-
-    @staticmethod
-    def _leave_component(s: Storage) -> None:
-        """``s`` is no longer evicted: its cost leaves its component (not split: the h_DTR^eq approximation)."""
-        if s.uf is not None:
-            s.uf.find().cost -= s.cost
-            s.uf = None
+                self._add_candidate(o)
+            self.tracker.restored(o)
+            if self.listeners:
+                self.emit("remat", o)
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> Stats:
@@ -597,6 +541,7 @@ class Runtime:
 
     def reset_peak(self) -> None:
         self.memory.peak = self.memory.tracked
+        self.peak_limit = self.budget
 
     def check(self) -> None:
         """Assert the invariants of ``records`` (for tests; O(records))."""
@@ -617,5 +562,6 @@ class Runtime:
             internal_assert((s in self.candidates) == (s.resident and not s.pinned), f"candidate set wrong for {s}")
         internal_assert(total + self.memory.constants == self.memory.tracked,
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")
-        if self.budget is not None and self.extra_usage is None:
-            internal_assert(self.memory.peak <= self.budget, f"peak {self.memory.peak} > budget {self.budget}")
+        if self.peak_limit is not None and self.budget is not None and self.extra_usage is None:
+            limit = max(self.peak_limit, self.budget)
+            internal_assert(self.memory.peak <= limit, f"peak {self.memory.peak} > budget {limit} (the largest in force)")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
-from ..core import Stats
+from ..core import Listener, Stats
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
 from .front import Front
@@ -110,13 +109,13 @@ def budget(budget: int | str | None, **options: object) -> Iterator[None]:
         raise ValueError(f"torch_dtr: options {sorted(options)} can only be set by the outermost scope")
     old = f.rt.budget
     with f.lock:
-        f.rt.budget = parse_budget(budget)
+        f.rt.set_budget(parse_budget(budget))
         f.rt.reserve(0)
     try:
         yield
     finally:
         with f.lock:
-            f.rt.budget = old
+            f.rt.set_budget(old)
 
 
 def stats() -> Stats:
@@ -144,28 +143,26 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     """
     if type(t) is not DTRTensor:
         return t
-    cell = t._cell
-    front = cell.front
-    if cell.geom is None:  # fast path (gradients handed to p.grad): the payload itself, if resident
-        with front.lock:
-            s = cell.current()
-            if s.resident:
-                front.rt.pin(s)
-                return s.payload
-    with _disable_current_modes(), torch.no_grad():
-        v = front.value(cell)
-        with front.lock:
-            front.rt.pin(cell.storage)
-    return v
+    return t._cell.front.unwrap(t._cell)
 
 
 def peek(t: torch.Tensor) -> torch.Tensor:
     """Like ``unwrap`` but for a moment's use (printing): the storage is not pinned."""
     if type(t) is not DTRTensor:
         return t
-    cell = t._cell
-    with _disable_current_modes(), torch.no_grad():
-        return cell.front.value(cell)
+    return t._cell.front.peek(t._cell)
+
+
+def listen(fn: Listener) -> Callable[[], None]:
+    """Call ``fn(kind, storage)`` on every event of the enabled runtime: "evict", "drop", "remat",
+    "release", and "op" after each managed op (storage ``None``). Returns a function that stops it; it stops
+    with the session at ``disable()``. ``fn`` runs in the middle of the runtime's bookkeeping: it may read
+    counters (``torch_dtr.runtime().rematerializations``) and raise to stop the program (a thrash cap), but
+    must not run tensor ops or call ``stats()``."""
+    f = _front._ACTIVE
+    if f is None:
+        raise RuntimeError("torch_dtr: listen() needs an enabled runtime; call torch_dtr.enable(...) first")
+    return f.rt.listen(fn)
 
 
 def runtime():  # noqa: ANN201 - for tests and tools

@@ -1,4 +1,15 @@
-"""Device specifics of the front end: out-of-memory retry and kernel timing on CUDA.
+"""Device specifics of the front end: out-of-memory retry and kernel timing on CUDA."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..core import Op, Runtime
+from .rng import RngState
 
 # NOTE [ CUDA ]
 #
@@ -17,35 +28,11 @@
 #
 # No GPU was available while this was written: points 2 and 3 are exercised on CPU only through their
 # code paths' absence (``Front.cuda`` is False there). See docs/design.md.
-"""
-
-from __future__ import annotations
-
-from collections import deque
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
-from ..core import Op, Runtime
 
 _MIN_EVICT = 1 << 20  # evict at least 1 MiB per retry: the allocator rounds and fragments
 
 
-def restore_rng(state: tuple | None) -> None:
-    """Set the generator an op drew from back to ``state`` (see recipe.rng_state)."""
-    if state is None:
-        return
-    kind, who, saved = state
-    if kind == "gen":
-        who.set_state(saved)
-    elif kind == "cuda":
-        torch.cuda.set_rng_state(saved, who)
-    else:
-        torch.set_rng_state(saved)
-
-
-def retry_on_oom(rt: Runtime, run: Callable[[], Any], need: int, rng: tuple | None) -> Any:
+def retry_on_oom(rt: Runtime, run: Callable[[], Any], need: int, rng: RngState | None) -> Any:
     """``run()``; on ``OutOfMemoryError`` evict by the policy and try again until nothing is left."""
     while True:
         try:
@@ -53,7 +40,8 @@ def retry_on_oom(rt: Runtime, run: Callable[[], Any], need: int, rng: tuple | No
         except torch.OutOfMemoryError:
             if rt.evict_some(max(need, _MIN_EVICT)) == 0:
                 raise
-        restore_rng(rng)
+        if rng is not None:
+            rng.restore()
 
 
 class CudaTimer:
@@ -75,12 +63,11 @@ class CudaTimer:
         end.record()
         self.pending.append((op, start, end))
 
-    def resolve(self) -> None:
+    def resolve(self, rt: Runtime) -> None:
         pending = self.pending
         while pending:
             op, a, b = pending[0]
             if not b.query():  # events on one stream complete in order
                 return
             pending.popleft()
-            if op.compute is not None and all(o.uf is None for o in op.outputs):
-                op.cost = a.elapsed_time(b) / 1e3
+            rt.set_cost(op, a.elapsed_time(b) / 1e3)

@@ -1,4 +1,24 @@
-"""The PyTorch front end: every aten op of the program passes through ``Front.run`` while enabled.
+"""The PyTorch front end: every aten op of the program passes through ``Front.run`` while enabled."""
+
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from ..core import Op, Runtime, Storage
+from ..core.policies import Policy
+from .device import CudaTimer, retry_on_oom
+from .funcinfo import FuncInfo, info
+from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs
+from .rng import RngState
+from .tensor import Cell, DTRTensor, geometry, view_of
 
 # NOTE [ Managed vs constant ]
 #
@@ -20,26 +40,6 @@
 #    under the lock at the start of the next managed op or ``stats()``.
 # 3. A thread that does not see the dispatch mode still reaches ``DTRTensor.__torch_dispatch__`` for
 #    managed tensors, which routes to the enabled front end.
-"""
-
-from __future__ import annotations
-
-import threading
-import time
-import weakref
-from collections import deque
-from typing import Any
-
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ..core import Runtime, Storage
-from ..core.policies import Policy
-from . import recipe as _recipe
-from .device import CudaTimer, retry_on_oom
-from .funcinfo import FuncInfo, info
-from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, rng_state
-from .tensor import Cell, DTRTensor, geometry, view_of
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
@@ -113,8 +113,8 @@ class Front:
                           extra_usage=extra)
         self.cuda = extra is not None  # NOTE [ CUDA ]: OOM retry and event timing for ops on CUDA tensors
         self.timer = CudaTimer() if self.cuda else None
-        if self.cuda:
-            _recipe.OOM_RUNTIME = self.rt
+        self.oom = self.rt if self.cuda else None  # recipes evict from it and retry on out-of-memory
+        self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()
         self.pending: deque[Any] = deque()
         self.const_ids: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
@@ -123,7 +123,6 @@ class Front:
         self.meta_cache = _META_CACHE
         self.mode = _Mode(self)
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
-        self.trace: list[int] | None = None  # tracked bytes after each managed op, when a tool asks for it
 
     # ------------------------------------------------------------------ queued handle drops
     def drain_if_idle(self) -> None:
@@ -158,7 +157,7 @@ class Front:
                     rt.remove_constant(key[1])
 
     # ------------------------------------------------------------------ constants
-    def constant(self, c: torch.Tensor) -> None:
+    def constant(self, c: torch.Tensor, where: str = "") -> None:
         entry = self.const_ids.get(id(c))
         if entry is not None and entry[0]() is c:
             return
@@ -175,7 +174,7 @@ class Front:
 
         n = self.const_keys.get(key, 0)
         if n == 0:
-            self.rt.add_constant(key[1])  # may raise BudgetError: register nothing before it
+            self.rt.add_constant(key[1], where)  # may raise BudgetError: register nothing before it
         self.const_keys[key] = n + 1
         wr = weakref.ref(c, died)
         self.const_ids[ident] = (wr, key)
@@ -224,6 +223,10 @@ class Front:
         return nbytes
 
     # ------------------------------------------------------------------ the per-op path
+    # Phases of one managed op (``_run``): acquire its managed inputs (the core rematerializes and locks
+    # them), plan its in-place writes and reserve its outputs' bytes (``_plan``), run it (``_execute``:
+    # random state, timing, out-of-memory retry), tell the runtime and keep its recipe (``_record``), and
+    # hand back managed outputs (``_wrap``).
     def run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         fi = info(func)
         with self.lock:
@@ -241,40 +244,52 @@ class Front:
         consts: list[torch.Tensor] = []
         targs = self.scan(args, refs, consts)
         tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
-        locked: list[Storage] = []
+        held = rt.acquire([r.storage for r in refs]) if refs else ()
         try:
-            missing = []
-            for r in refs:  # lock what is resident, then rematerialize the rest
-                s = r.storage
-                if s.resident:
-                    s.locks += 1
-                    locked.append(s)
-                else:
-                    missing.append(s)
-            for s in missing:  # (rematerializing one may already have brought back another)
-                if not s.resident:
-                    rt.rematerialize(s)
-                s.locks += 1
-                locked.append(s)
             for c in consts:
-                self.constant(c)
-            return self._run_locked(fi, args, kwargs, targs, tkwargs, refs, consts)
+                self.constant(c, fi.name)
+            pargs = fill(targs, None, _EMPTY) if refs else targs
+            pkwargs = {k: fill(v, None, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
+            cow, override, need, on_cuda = self._plan(fi, targs, tkwargs, pargs, pkwargs, refs, consts)
+            if override:  # the op writes copies of storages that recipes still read
+                pargs = fill(targs, override, _EMPTY)
+                pkwargs = {k: fill(v, override, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
+            versions = [c._version for c in consts] if consts else None
+            rng = RngState.before(pargs, pkwargs) if fi.random else None
+            out, cost, start = self._execute(fi, pargs, pkwargs, need, rng, on_cuda)
+            flat = flat_outputs(out)
+            fresh, aliased = self._fresh(fi, flat, refs)
+            written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
+            op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, consts, versions, rng, cost, fresh,
+                                      written, flat)
+            if on_cuda and op is not None:
+                self.timer.stop(op, start)  # type: ignore[union-attr]
+            results = self._wrap(fi, args, kwargs, targs, tkwargs, op, recipe, flat, fresh, aliased, written, override)
         finally:
-            for s in locked:
-                s.locks -= 1
+            if held:
+                rt.release(held)
+        if rt.budget is not None and rt.memory.tracked > rt.budget:  # a size prediction fell short
+            rt.reserve(0, fi.name)
+        if rt.listeners:
+            rt.emit("op", None)
+        if isinstance(out, torch.Tensor):
+            return results[0]
+        if isinstance(out, (tuple, list)):
+            it = iter(results)
+            rebuilt = [type(o)(next(it) for _ in o) if isinstance(o, (tuple, list)) else next(it) for o in out]
+            return type(out)(rebuilt)
+        return out
 
-    def _run_locked(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict,
-                    refs: list[Ref], consts: list[torch.Tensor]) -> Any:
+    def _plan(self, fi: FuncInfo, targs: Any, tkwargs: dict, pargs: Any, pkwargs: dict, refs: list[Ref],
+              consts: list[torch.Tensor]) -> tuple[list[Storage], dict[Storage, torch.Tensor] | None, int, bool]:
+        """The managed storages the op writes in place (NOTE [ In-place mutation ]), the copies it must
+        write to instead, and the bytes it needs, reserved (evicting) before it runs."""
         rt = self.rt
-        # in-place writes to managed storages (NOTE [ In-place mutation ])
         cow: list[Storage] = []
-        override: dict[Storage, torch.Tensor] | None = None
         for m in fi.mutated:
             r = fi.arg(m, targs, tkwargs)
             if type(r) is Ref and r.storage not in cow:
                 cow.append(r.storage)
-        pargs = fill(targs, None, _EMPTY) if refs else targs
-        pkwargs = {k: fill(v, None, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
         on_cuda = self.cuda and _is_cuda(refs, consts)
         # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
         need = self.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
@@ -283,94 +298,93 @@ class Front:
             need += sum(s.nbytes for s in copies)
         if rt.budget is not None:
             if on_cuda and self.timer.pending:  # type: ignore[union-attr]
-                self.timer.resolve()  # type: ignore[union-attr]
-            rt.where = fi.name
-            rt.reserve(need)
-        if copies:
-            override = {s: clone_storage(s.payload) for s in copies}
-            pargs = fill(targs, override, _EMPTY)
-            pkwargs = {k: fill(v, override, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
-        versions = [c._version for c in consts] if consts else None
-        rng = rng_state(pargs, pkwargs) if fi.random else None
+                self.timer.resolve(rt)  # type: ignore[union-attr]
+            rt.reserve(need, fi.name)
+        override = {s: clone_storage(s.payload) for s in copies} if copies else None
+        return cow, override, need, on_cuda
+
+    def _execute(self, fi: FuncInfo, pargs: Any, pkwargs: dict, need: int, rng: RngState | None,
+                 on_cuda: bool) -> tuple[Any, float, Any]:
+        """Run the op once (the first run draws from the program's random stream and advances it)."""
         t0 = time.perf_counter()
         if on_cuda:
             start = self.timer.start()  # type: ignore[union-attr]
-            out = retry_on_oom(rt, lambda: fi.func(*pargs, **pkwargs), need, rng)
-        else:
-            out = fi.func(*pargs, **pkwargs)  # the first run draws from the program's stream and advances it
-        cost = time.perf_counter() - t0
-        rt.ops += 1
+            out = retry_on_oom(self.rt, lambda: fi.func(*pargs, **pkwargs), need, rng)
+            return out, time.perf_counter() - t0, start
+        out = fi.func(*pargs, **pkwargs)
+        return out, time.perf_counter() - t0, None
 
-        flat = flat_outputs(out)
+    @staticmethod
+    def _fresh(fi: FuncInfo, flat: list[Any], refs: list[Ref]) -> tuple[list[int], dict[int, Ref | None]]:
+        """Indices of the outputs with storage of their own, and outputs that alias an input unannounced."""
         rets = fi.returns
-        replayable = fi.replayable
-        if replayable and fi.cross_device and refs:
-            dev = refs[0].storage.payload.device
-            replayable = all(not isinstance(o, torch.Tensor) or o.device == dev for o in flat)
         fresh = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None]
         if fi.view_unannotated and fresh:  # an unannotated alias of an input: treat it as a view
             ptrs = {r.storage.payload.untyped_storage().data_ptr(): r for r in refs}
             aliased = {i: ptrs.get(flat[i].untyped_storage().data_ptr()) for i in fresh}
-            fresh = [i for i in fresh if aliased[i] is None]
-        else:
-            aliased = {}
-        written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
+            return [i for i in fresh if aliased[i] is None], aliased
+        return fresh, {}
 
-        op = None
-        if fresh or written:
-            ins = [r.storage for r in refs]
-            if replayable:
-                scratch = _EMPTY
-                kept = []
-                if consts:
-                    written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]
-                    if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
-                        written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
-                                           if isinstance(c, torch.Tensor)]
-                    if written_consts:
-                        scratch = frozenset(written_consts)
-                        kept = [(c, c._version) for c in consts if id(c) not in scratch]
-                    else:
-                        kept = [(c, c._version) for c in consts]
-                recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written))
-                op = rt.record(ins, cost, recipe, fi.name)
-                if on_cuda:
-                    self.timer.stop(op, start)  # type: ignore[union-attr]
+    def _record(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, refs: list[Ref],
+                consts: list[torch.Tensor], versions: list[int] | None, rng: RngState | None, cost: float,
+                fresh: list[int], written: list[Storage], flat: list[Any]) -> tuple[Op | None, Recipe | None]:
+        """Tell the runtime the op ran; its recipe when it made storages and can be replayed."""
+        rt = self.rt
+        ins = [r.storage for r in refs]
+        if not (fresh or written):  # views and in-place returns only: no clock advance
+            rt.ran(ins, 0.0)
+            return None, None
+        replayable = fi.replayable
+        if replayable and fi.cross_device and refs:
+            dev = refs[0].storage.payload.device
+            replayable = all(not isinstance(o, torch.Tensor) or o.device == dev for o in flat)
+        if not replayable:
+            rt.ran(ins, cost)
+            return None, None
+        scratch = _EMPTY
+        kept: list[tuple[torch.Tensor, int]] = []
+        if consts:
+            written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]  # type: ignore[arg-type]
+            if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
+                written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
+                                   if isinstance(c, torch.Tensor)]
+            if written_consts:
+                scratch = frozenset(written_consts)
+                kept = [(c, c._version) for c in consts if id(c) not in scratch]
             else:
-                rt.clock += cost
-                for s in ins:
-                    s.last_access = rt.clock
-        else:
-            now = rt.clock
-            for r in refs:
-                r.storage.last_access = now
+                kept = [(c, c._version) for c in consts]
+        recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written), self.oom)
+        return rt.ran(ins, cost, recipe, fi.name), recipe
 
-        # fresh outputs: one storage per distinct buffer
+    def _wrap(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, op: Op | None,
+              recipe: Recipe | None, flat: list[Any], fresh: list[int], aliased: dict[int, Ref | None],
+              written: list[Storage], override: dict[Storage, torch.Tensor] | None) -> list[Any]:
+        """The op's outputs as the program sees them: new storages and versions recorded, managed wrappers."""
+        rt = self.rt
+        rets = fi.returns
         results: list[Any] = list(flat)
         by_ptr: dict[int, tuple[Storage, torch.Tensor]] = {}
-        for i in fresh:
+        for i in fresh:  # one storage per distinct buffer
             o = flat[i]
             st = o.untyped_storage()
             ptr = st.data_ptr()
             hit = by_ptr.get(ptr) if ptr else None
             if hit is None:
                 s = rt.output(op, st.nbytes(), o)
-                if op is not None:
-                    op.compute.outs.append(i)  # type: ignore[union-attr]
+                if recipe is not None:
+                    recipe.outs.append(i)
                 by_ptr[ptr] = (s, o)
                 results[i] = DTRTensor(Cell(self, s, None), o)
             else:
                 s, payload = hit
                 results[i] = DTRTensor(Cell(self, s, geometry(o, payload)), o)
-        # new versions of storages written in place
-        for s in written:
-            if op is not None:
-                op.compute.outs.append(s)  # type: ignore[union-attr]
+        for s in written:  # new versions of storages written in place
+            if recipe is not None:
+                recipe.outs.append(s)
             rt.new_version(s, op, override.get(s) if override else None)
-        # views and in-place returns
-        for i, o in enumerate(flat):
+        for i, o in enumerate(flat):  # views and in-place returns
             if i in aliased and aliased[i] is not None:
-                s = aliased[i].storage  # resident and locked: a view op writes nothing
+                s = aliased[i].storage  # type: ignore[union-attr]  # resident and locked: a view op writes nothing
                 results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
                 continue
             ret = rets[min(i, len(rets) - 1)] if rets else None
@@ -384,19 +398,23 @@ class Front:
                 while s.forward is not None:
                     s = s.forward
                 results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
-            elif isinstance(r, list):  # a list return aliasing a list argument (rare): keep plain
-                continue
-        if rt.budget is not None and rt.memory.tracked > rt.budget:  # a size prediction fell short
-            rt.reserve(0)
-        if self.trace is not None:
-            self.trace.append(rt.memory.tracked)
-        if isinstance(out, torch.Tensor):
-            return results[0]
-        if isinstance(out, (tuple, list)):
-            it = iter(results)
-            rebuilt = [type(o)(next(it) for _ in o) if isinstance(o, (tuple, list)) else next(it) for o in out]
-            return type(out)(rebuilt)
-        return out
+        return results
+
+    # ------------------------------------------------------------------ running ops the mode did not see
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op on tensors this front end manages that reached ``DTRTensor.__torch_dispatch__``: no mode on
+        this thread (NOTE [ Threads ] 3), or this session was disabled (then it runs on plain values)."""
+        if self.active:
+            return self.run(func, args, kwargs)
+
+        def plain(x: Any) -> Any:
+            if type(x) is DTRTensor:
+                return x._cell.front.unwrap(x._cell)
+            if type(x) is list or type(x) is tuple:
+                return type(x)(plain(y) for y in x)
+            return x
+
+        return func(*plain(args), **{k: plain(v) for k, v in kwargs.items()})
 
     # ------------------------------------------------------------------ values
     def value(self, cell: Cell) -> torch.Tensor:
@@ -412,6 +430,26 @@ class Front:
             finally:
                 self.busy = was_busy
 
+    def peek(self, cell: Cell) -> torch.Tensor:
+        """The value of a managed tensor for a moment's use (printing): the storage is not pinned."""
+        with _disable_current_modes(), torch.no_grad():
+            return self.value(cell)
+
+    def unwrap(self, cell: Cell) -> torch.Tensor:
+        """A plain tensor with the cell's value; it shares memory with the managed one, so that storage is
+        pinned (never evicted again)."""
+        if cell.geom is None:  # fast path (gradients handed to p.grad): the payload itself, if resident
+            with self.lock:
+                s = cell.current()
+                if s.resident:
+                    self.rt.pin(s)
+                    return s.payload
+        with _disable_current_modes(), torch.no_grad():
+            v = self.value(cell)
+            with self.lock:
+                self.rt.pin(cell.storage)
+        return v
+
     def close(self) -> None:
         for wr, handle in self.hooks.values():
             if wr() is not None:
@@ -419,8 +457,6 @@ class Front:
         self.hooks.clear()
         if len(_META_CACHE) > _META_CACHE_MAX:
             _META_CACHE.clear()
-        if _recipe.OOM_RUNTIME is self.rt:
-            _recipe.OOM_RUNTIME = None
 
 
 class _Mode(TorchDispatchMode):
@@ -447,28 +483,18 @@ class _Mode(TorchDispatchMode):
 def _plain_grad(p: torch.Tensor) -> None:
     g = p.grad
     if type(g) is DTRTensor:
-        from .api import unwrap
-
-        p.grad = unwrap(g)
+        p.grad = g._cell.front.unwrap(g._cell)
 
 
-def dispatch_without_mode(func: Any, args: tuple, kwargs: dict) -> Any:
-    """An op on managed tensors that reached the subclass: no mode on this thread, or disabled."""
-    front = _ACTIVE
-    if front is not None:
-        return front.run(func, args, kwargs)
-    from .api import unwrap
-
-    def plain(x: Any) -> Any:
-        if type(x) is DTRTensor:
-            return unwrap(x)
-        if type(x) is list or type(x) is tuple:
-            return type(x)(plain(y) for y in x)
-        return x
-
-    return func(*plain(args), **{k: plain(v) for k, v in kwargs.items()})
+def active() -> Front | None:
+    """The enabled front end, if any."""
+    return _ACTIVE
 
 
 def set_active(front: Front | None) -> None:
     global _ACTIVE
+    if _ACTIVE is not None:
+        _ACTIVE.active = False
     _ACTIVE = front
+    if front is not None:
+        front.active = True

@@ -1,13 +1,17 @@
-"""Recipes: how to run a recorded aten call again, with the same inputs, randomness and constants.
+"""Recipes: how to run a recorded aten call again, with the same inputs, randomness and constants."""
 
-# NOTE [ RNG replay ]
-#
-# 1. An op tagged ``nondeterministic_seeded`` (dropout's ``bernoulli_``, ``native_dropout``, ``randn_like``,
-#    ...) saves the state of the generator it draws from right before it first runs: the ``generator=``
-#    argument when given, else the default generator of the op's device (CPU or that CUDA device).
-# 2. Recomputing it sets that state, runs the op, and restores the state the program had, so the replay
-#    draws exactly what the first run drew and the program's own random stream is left untouched.
-#
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..core import Storage
+from ..core.errors import internal_assert
+from .device import retry_on_oom
+from .rng import RngState
+from .tensor import Geom, view_of
+
 # NOTE [ In-place mutation ]
 #
 # 1. Writing in place to a managed storage makes a new *version*: the new storage takes over the buffer
@@ -22,19 +26,6 @@
 #    read the running statistics, so the replayed outputs are exact.
 # 5. A replay checks that every other constant it reads still has the version it had when recorded; if
 #    the program changed it since (an optimizer step), it raises instead of computing a wrong value.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-import torch
-
-from ..core import Storage
-from ..core.runtime import internal_assert
-from .tensor import Geom, view_of
-
-OOM_RUNTIME: Any = None  # the enabled runtime when it runs on CUDA (NOTE [ CUDA ] 2), else None
 
 
 class Ref:
@@ -75,45 +66,6 @@ def fill(x: Any, override: dict[Storage, torch.Tensor] | None, scratch: frozense
     return x
 
 
-def rng_state(args: tuple, kwargs: dict) -> tuple:
-    gen = kwargs.get("generator")
-    if gen is not None:
-        return ("gen", gen, gen.get_state())
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            dev = a.device
-            break
-    else:
-        dev = torch.device("cpu")
-    if dev.type == "cuda":
-        return ("cuda", dev, torch.cuda.get_rng_state(dev))
-    return ("cpu", None, torch.get_rng_state())
-
-
-def run_with_rng(state: tuple, func: Any, args: tuple, kwargs: dict) -> Any:
-    kind, who, saved = state
-    if kind == "gen":
-        now = who.get_state()
-        who.set_state(saved)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            who.set_state(now)
-    if kind == "cuda":
-        now = torch.cuda.get_rng_state(who)
-        torch.cuda.set_rng_state(saved, who)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            torch.cuda.set_rng_state(now, who)
-    now = torch.get_rng_state()
-    torch.set_rng_state(saved)
-    try:
-        return func(*args, **kwargs)
-    finally:
-        torch.set_rng_state(now)
-
-
 def flat_outputs(out: Any) -> list[Any]:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -133,13 +85,14 @@ class Recipe:
 
     ``outs[k]`` says where the payload of ``op.outputs[k]`` comes from: an int is an index into the
     flattened outputs of the call; a ``Storage`` is an old version whose clone the call wrote in place.
+    ``oom``: the runtime to evict from when the call runs out of device memory (NOTE [ CUDA ] 2), or None.
     """
 
-    __slots__ = ("func", "args", "kwargs", "rng", "consts", "scratch", "outs", "cow")
+    __slots__ = ("func", "args", "kwargs", "rng", "consts", "scratch", "outs", "cow", "oom")
 
-    def __init__(self, func: Any, args: Any, kwargs: dict, rng: tuple | None,
+    def __init__(self, func: Any, args: Any, kwargs: dict, rng: RngState | None,
                  consts: list[tuple[torch.Tensor, int]], scratch: frozenset[int],
-                 outs: list[int | Storage], cow: tuple[Storage, ...]) -> None:
+                 outs: list[int | Storage], cow: tuple[Storage, ...], oom: Any = None) -> None:
         self.func = func
         self.args = args
         self.kwargs = kwargs
@@ -148,6 +101,7 @@ class Recipe:
         self.scratch = scratch
         self.outs = outs
         self.cow = cow
+        self.oom = oom
 
     def __call__(self) -> list[torch.Tensor]:
         for c, v in self.consts:
@@ -165,16 +119,14 @@ class Recipe:
         try:
             out = self._call(args, kwargs)
         except torch.OutOfMemoryError:
-            if OOM_RUNTIME is None:
+            if self.oom is None:
                 raise
-            from .device import retry_on_oom  # NOTE [ CUDA ] 2
-
             need = sum(int(p.untyped_storage().nbytes()) for p in (override or {}).values())
-            out = retry_on_oom(OOM_RUNTIME, lambda: self._call(args, kwargs), need, None)
+            out = retry_on_oom(self.oom, lambda: self._call(args, kwargs), need, None)
         flat = flat_outputs(out)
         return [flat[o] if type(o) is int else override[o] for o in self.outs]  # type: ignore[index]
 
     def _call(self, args: Any, kwargs: dict) -> Any:
-        if self.rng is not None:  # run_with_rng sets the saved state on every call, retries included
-            return run_with_rng(self.rng, self.func, args, kwargs)
+        if self.rng is not None:  # replay() sets the saved state on every call, retries included
+            return self.rng.replay(self.func, args, kwargs)
         return self.func(*args, **kwargs)

@@ -1,4 +1,12 @@
-"""The managed tensor: a wrapper subclass whose state lives in one shared cell per tensor.
+"""The managed tensor: a wrapper subclass whose state lives in one shared cell per tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..core import Storage
 
 # NOTE [ Storage vs view ]
 #
@@ -17,15 +25,6 @@
 # 5. After an in-place write, the storage a cell names may have a newer version (``Storage.forward``);
 #    handles move to it at once and a cell follows the chain, so all views see the write, while recipes keep
 #    naming the version they read (see NOTE [ In-place mutation ]).
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-import torch
-
-from ..core import Storage
 
 Geom = tuple[torch.Size, tuple[int, ...], int, torch.dtype] | None
 
@@ -52,7 +51,8 @@ def view_of(payload: torch.Tensor, geom: Geom) -> torch.Tensor:
 
 
 class Cell:
-    """The shared state of one managed tensor: which storage, which view of it."""
+    """The shared state of one managed tensor: which storage, which view of it, and the front end (the
+    session of ``torch_dtr.enable``) that manages it."""
 
     __slots__ = ("storage", "geom", "front", "__weakref__")
 
@@ -60,7 +60,7 @@ class Cell:
         self.front = front
         self.storage = storage
         self.geom = geom
-        storage.refs += 1
+        front.rt.add_ref(storage)
 
     def current(self) -> Storage:
         """The newest version of this cell's storage (follows in-place writes; the handle moved already)."""
@@ -96,14 +96,13 @@ class DTRTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        from .front import dispatch_without_mode
-
-        return dispatch_without_mode(func, args, kwargs or {})
+        # an op on managed tensors that no dispatch mode saw (another thread, or after disable()): the
+        # front end of the first managed argument runs it (NOTE [ Threads ] 3)
+        kwargs = kwargs or {}
+        return _first(args, kwargs)._cell.front.dispatch(func, args, kwargs)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
-        from .api import peek
-
-        text = repr(peek(self))
+        text = repr(self._cell.front.peek(self._cell))
         if self.grad_fn is not None:
             text = f"{text[:-1]}, grad_fn=<{type(self.grad_fn).__name__}>)"
         elif self.requires_grad:
@@ -111,13 +110,21 @@ class DTRTensor(torch.Tensor):
         return text.replace("tensor(", "dtr_tensor(", 1)
 
     def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
-        from .api import unwrap
-
         if self.requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
-        return unwrap(self).numpy(force=force)
+        return self._cell.front.unwrap(self._cell).numpy(force=force)
 
     def tolist(self) -> Any:  # type: ignore[override]
-        from .api import peek
+        return self._cell.front.peek(self._cell).tolist()
 
-        return peek(self).tolist()
+
+def _first(args: tuple, kwargs: dict) -> DTRTensor:
+    """The first managed tensor among the arguments (one level of lists), positional ones first."""
+    for a in (*args, *kwargs.values()):
+        if type(a) is DTRTensor:
+            return a
+        if type(a) is list or type(a) is tuple:
+            for b in a:
+                if type(b) is DTRTensor:
+                    return b
+    raise AssertionError("torch_dtr internal error: DTRTensor.__torch_dispatch__ without a managed argument")

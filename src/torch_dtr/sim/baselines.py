@@ -1,6 +1,16 @@
 """Baselines on a log, replayed through the same core: no eviction, and sqrt(n) checkpointing.
 
 The exact optimum (Checkmate's ILP) lives in ``checkmate.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..core import Runtime, Storage
+from .log import Call, Log, Mutate
+from .replay import Outcome, Replay
 
 # NOTE [ sqrt(n) checkpointing on a log ]
 #
@@ -18,16 +28,6 @@ The exact optimum (Checkmate's ILP) lives in ``checkmate.py``.
 #    ``rematerialize``), and recomputed values live until the log releases them.
 # 4. It reports the overhead (as ``simulate``) and the peak it reached: a point (peak, overhead) on the
 #    plots, not a budget it keeps.
-"""
-
-from __future__ import annotations
-
-import math
-import time
-
-from ..core import Runtime, Storage
-from .log import Call, Log, Mutate
-from .replay import Outcome, Replay
 
 
 def _fresh(rp: Replay, ins: Call | Mutate) -> list[Storage]:
@@ -50,7 +50,7 @@ class _Checkpointing(Replay):
         self.waiting: dict[int, Storage] = {}  # pass 2: sid -> storage to evict later
         self.brought: list[Storage] = []  # pass 2: rematerialized storages that no name refers to
         if drop_at is not None:
-            rt.on_event = lambda kind, s: self.brought.append(s) if kind == "remat" and s.refs == 0 else None
+            rt.listen(lambda kind, s: self.brought.append(s) if kind == "remat" and s.refs == 0 else None)
         self.nops = 0
 
     def _prepare(self, args):  # type: ignore[no-untyped-def]

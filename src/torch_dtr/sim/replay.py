@@ -2,6 +2,16 @@
 
 The same ``Runtime`` and policies as the live front end run here; only the payloads are fake (a marker
 object) and the clock advances by the logged op times instead of measured ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..core import DEFAULT_POLICY, BudgetError, Policy, Runtime, Storage
+from .log import Call, Constant, Copy, Log, Mutate, Release
 
 # NOTE [ Replaying a log ]
 #
@@ -19,35 +29,27 @@ object) and the clock advances by the logged op times instead of measured ones.
 #    A write to a pinned storage (a constant: a parameter updated by the optimizer, a BatchNorm running
 #    statistic) gives a pinned new version, as live (NOTE [ In-place mutation ]: a mutation of a constant
 #    is never replayed). The DTR authors' logs mutate only gradients, so this changes nothing there.
-# 5. Before an op: evicted inputs are rematerialized, inputs locked, the outputs' bytes reserved. The
-#    op's time advances the clock (``Runtime.record``); rematerializations add their recipe's time.
+# 5. Before an op: its inputs are rematerialized (when evicted) and locked one after the other, in
+#    argument order, then the outputs' bytes reserved. (Live, ``Runtime.acquire`` locks the resident
+#    inputs before rematerializing any; the replay keeps the authors' order.) The op's time advances the
+#    clock (``Runtime.ran``); rematerializations add their recipe's time.
 # 6. Names still referring to a tensor when the log ends are the iteration's outputs: their storages are
 #    rematerialized at the end, and that counts.
 # 7. overhead = (logged op time + rematerialized op time) / logged op time. ``thrash``: the replay stopped
 #    because overhead passed ``thrash_at`` (2.0); ``oom``: nothing was left to evict (``BudgetError``).
 #    Search time is measured (wall clock) but not in the overhead.
-"""
-
-from __future__ import annotations
-
-import time
-from dataclasses import asdict, dataclass
-from typing import Any
-
-from ..core import DEFAULT_POLICY, BudgetError, Policy, Runtime, Storage
-from .log import Call, Constant, Copy, Log, Mutate, Release
 
 THRASH_AT = 2.0
 _RESIDENT = True  # the fake payload of a resident storage
 
 
 class _Fake:
-    """The recipe of a logged op: returns one fake payload per output."""
+    """The recipe of a logged op: returns one fake payload per output (``op`` is set once recorded)."""
 
     __slots__ = ("op",)
 
-    def __init__(self, op: Any) -> None:
-        self.op = op
+    def __init__(self) -> None:
+        self.op: Any = None
 
     def __call__(self) -> list[bool]:
         return [_RESIDENT] * len(self.op.outputs)
@@ -89,16 +91,15 @@ class Replay:
         self.base_ns = log.op_time_ns()
         self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
         self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
-        self.k = 0  # index of the instruction being replayed
-        self.on_op: Any = None  # called after each op with the instruction's index (for timelines)
+        self.k = 0  # index of the instruction being replayed (listeners of "op" events read it)
         if self.thrash_ns is not None:
             limit = self.thrash_ns
 
-            def on_event(kind: str, _s: Storage) -> None:  # stops a cascade of recomputations inside one op
+            def on_event(kind: str, _s: Storage | None) -> None:  # stops a cascade of recomputations in one op
                 if kind == "remat" and rt.remat_cost > limit:
                     raise _Thrash()
 
-            rt.on_event = on_event
+            rt.listen(on_event)
 
     # ------------------------------------------------------------------ references
     def _bind(self, name: str, s: Storage) -> None:
@@ -119,20 +120,18 @@ class Replay:
 
     # ------------------------------------------------------------------ ops
     def _prepare(self, args: tuple[str, ...]) -> list[Storage]:
-        rt = self.rt
+        """The op's distinct input storages, made resident and locked in order (``Runtime.acquire``, rule 5)."""
         ins = list(dict.fromkeys(self._storage(a) for a in args))
-        for s in ins:
-            if not s.resident:
-                rt.rematerialize(s)
-            s.locks += 1
+        self.rt.acquire(ins, resident_first=False)
         return ins
 
-    def _untracked(self, ins: list[Storage], cost: int) -> None:
-        """An op that leaves no recipe: it advances the clock and touches its inputs."""
-        rt = self.rt
-        rt.clock += cost
-        for s in ins:
-            s.last_access = rt.clock
+    def _ran(self, ins: list[Storage], ins_: Call | Mutate, recipe: bool) -> Any:
+        """Tell the runtime the op ran; a fake recipe when ``recipe`` (else the op only advances the clock)."""
+        fake = _Fake() if recipe else None
+        op = self.rt.ran(ins, ins_.time_ns, fake, ins_.name)
+        if fake is not None:
+            fake.op = op
+        return op
 
     def _call(self, ins_: Call) -> None:
         rt = self.rt
@@ -140,22 +139,13 @@ class Replay:
         outs = []
         try:
             fresh = [r for r in ins_.results if r.alias < 0]
-            rt.where = ins_.name
-            rt.reserve(sum(r.nbytes for r in fresh))
-            cost = ins_.time_ns
-            if fresh:
-                op = rt.record(ins, cost, None, ins_.name)
-                op.compute = _Fake(op)
-            else:  # only views
-                op = None
-                self._untracked(ins, cost)
-            rt.ops += 1
+            rt.reserve(sum(r.nbytes for r in fresh), ins_.name)
+            op = self._ran(ins, ins_, bool(fresh))  # only views: no recipe
             for r in ins_.results:
                 s = rt.output(op, r.nbytes, _RESIDENT) if r.alias < 0 else self._storage(ins_.args[r.alias])
                 outs.append((r.name, s))
         finally:
-            for s in ins:
-                s.locks -= 1
+            rt.release(ins)
         for name, s in outs:  # after unlocking: a reference dropped here may evict (NOTE [ Lifetimes ] 3)
             self._bind(name, s)
 
@@ -164,28 +154,19 @@ class Replay:
         ins = self._prepare(ins_.args)
         try:
             written = list(dict.fromkeys(self._storage(ins_.args[i]) for i in ins_.mutated))
-            rt.where = ins_.name
-            rt.reserve(sum(s.nbytes for s in written))
-            replayed = [s for s in written if not s.pinned]
-            if replayed:
-                op = rt.record(ins, ins_.time_ns, None, ins_.name)
-                op.compute = _Fake(op)
-            else:  # every write went to a pinned storage: nothing to replay (NOTE 4)
-                op = None
-                self._untracked(ins, ins_.time_ns)
-            rt.ops += 1
+            rt.reserve(sum(s.nbytes for s in written), ins_.name)
+            # every write to a pinned storage: nothing to replay (NOTE 4)
+            op = self._ran(ins, ins_, any(not s.pinned for s in written))
             news = {s: rt.output(None if s.pinned else op, s.nbytes, _RESIDENT) for s in written}
             rebind = [(ins_.args[i], news[self._storage(ins_.args[i])]) for i in dict.fromkeys(ins_.mutated)]
         finally:
-            for s in ins:
-                s.locks -= 1
+            rt.release(ins)
         for name, s in rebind:  # after unlocking, so that the old version can be dropped
             self._bind(name, s)
 
     def _constant(self, ins_: Constant) -> None:
         rt = self.rt
-        rt.where = f"constant {ins_.name}"
-        rt.reserve(ins_.nbytes)
+        rt.reserve(ins_.nbytes, f"constant {ins_.name}")
         s = rt.output(None, ins_.nbytes, _RESIDENT)
         self._bind(ins_.name, s)
 
@@ -222,14 +203,14 @@ class Replay:
                 continue
             if thrash_ns is not None and rt.remat_cost > thrash_ns:
                 raise _Thrash()
-            if self.on_op is not None:
-                self.on_op(k)
+            if rt.listeners:
+                rt.emit("op", None)
         # outputs of the iteration must be resident at the end (NOTE 6)
         for s in list(dict.fromkeys(names.values())):
             while s.forward is not None:
                 s = s.forward
-            if not s.resident and not s.released:
-                rt.rematerialize(s)
+            if not s.released:
+                rt.get(s)
         if thrash_ns is not None and rt.remat_cost > thrash_ns:
             raise _Thrash()
 

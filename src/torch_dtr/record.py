@@ -1,10 +1,32 @@
-"""Record the aten ops of a PyTorch program as an operator log (``log.py``'s format) for the simulator.
+"""Record the aten ops of a PyTorch program as an operator log (``sim/log.py``'s format) for the simulator.
 
     with record("step.log"):          # one training iteration
         loss = model(x).sum(); loss.backward(); opt.step()
 
 ``record_script`` runs a script and keeps only one iteration, cut at optimizer steps (``torch-dtr record``).
-Imports torch: ``torch_dtr.sim`` must not import this module (the rest of the simulator is torch-free).
+A PyTorch driver of the simulator's input, so it sits on top of both ``eager/`` (operator facts) and
+``sim/`` (the log format), like the CLI; ``sim/`` itself imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .eager import front as _front
+from .eager.funcinfo import info
+from .eager.recipe import flat_outputs
+from .sim.log import Result, Writer
 
 # NOTE [ Recording ]
 #
@@ -34,27 +56,6 @@ Imports torch: ``torch_dtr.sim`` must not import this module (the rest of the si
 #    they are the iteration's outputs (loss, grads, parameters).
 # 7. ``ANNOTATE START`` heads the log (unless ``annotate_start=False``); ``ANNOTATE BACKWARD`` precedes
 #    the first logged op that runs inside the autograd engine (``torch._C._current_graph_task_id()``).
-"""
-
-from __future__ import annotations
-
-import os
-import runpy
-import sys
-import threading
-import time
-import weakref
-from collections import deque
-from pathlib import Path
-from typing import Any
-
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ..eager import front as _front
-from ..eager.funcinfo import info
-from ..eager.recipe import flat_outputs
-from .log import Result, Writer
 
 
 class _Ref(weakref.ref):
@@ -122,7 +123,7 @@ class Recorder(TorchDispatchMode):
 
     # ------------------------------------------------------------------ enter / exit
     def __enter__(self) -> Recorder:
-        if _front._ACTIVE is not None:
+        if _front.active() is not None:
             raise RuntimeError("torch_dtr: record() cannot run while torch_dtr is enabled; call "
                                "torch_dtr.disable() first (the recorder logs plain aten ops)")
         self.f = self.path.open("w", encoding="utf-8")
@@ -208,7 +209,7 @@ class Recorder(TorchDispatchMode):
     # ------------------------------------------------------------------ ops
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if _front._ACTIVE is not None:
+        if _front.active() is not None:
             raise RuntimeError("torch_dtr: torch_dtr.enable() was called inside record(); the recorder logs "
                                "plain aten ops and cannot run together with the DTR runtime")
         flat: list[torch.Tensor] = []

@@ -1,4 +1,4 @@
-"""``torch-dtr simulate``: replay a log over policies and budget ratios, print a table or JSON, plot."""
+"""`torch-dtr simulate`: replay a log over policies and budget ratios, print a table or JSON, plot."""
 
 from __future__ import annotations
 

@@ -1,0 +1,244 @@
+"""Trackers: what a policy's ``extra`` feature needs to know about evicted storages, kept up to date.
+
+A policy names the kind of ``extra`` its score reads (``Policy.extra``); the runtime builds the tracker
+registered for that kind (``TRACKERS``) and calls it at three points, so a new kind of feature is added by
+registering a tracker, never by editing the runtime:
+
+- ``evicted(s)``: ``s`` was just evicted (by the policy, or dropped when its last handle died);
+- ``restored(s)``: ``s`` is no longer evicted: rematerialized, or released for good;
+- ``extra(s)``: the feature of the resident candidate ``s``, passed to the policy's score.
+
+A tracker keeps its per-storage state in ``Storage.aux`` (one slot, owned by the runtime's one tracker).
+
+Kinds (the policies that use them are in ``policies.py``):
+
+- ``""``: no feature (0.0);
+- ``"uf"``: summed cost of the evicted components adjacent to ``s``, through union-find (h_DTR^eq of the
+  DTR paper: cheap, approximate because components are never split);
+- ``"exact"``: summed cost of the evicted neighbourhood e*(s), by a graph walk (h_DTR);
+- ``"ancestors"``: summed cost of the evicted ancestors that rematerializing ``s`` would recompute (MSPS);
+- ``"chain"``: a ``Chain`` of three O(neighbours) estimates, NOTE [ Evicted chains ] below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from .records import Storage
+
+# NOTE [ Evicted chains ]
+#
+# The "chain" tracker keeps, on each evicted storage, three estimates about the evicted paths through it
+# (paths along recipe edges whose storages are all evicted):
+#   up:   storages on the longest such path ending at it (its recipe's evicted inputs, theirs, ...);
+#   down: storages on the longest such path starting at it (evicted users' outputs, theirs, ...);
+#   path: summed recipe cost along the costliest path up (what recomputing it runs at least).
+# 1. They are set when the storage is evicted, from its evicted neighbours' values, and pushed one step to
+#    those neighbours (an evicted user's output now has this one above it, an evicted input this one
+#    below it). So an eviction and a candidate's score both cost O(neighbours), never O(graph).
+# 2. They are estimates: a value further than one step from a later eviction is not updated (lengths and
+#    costs can be low), and a rematerialization updates nothing (they can be high until the storage is
+#    evicted again). A storage never evicted reads as (1, 1, its own cost); one made non-resident by an
+#    in-place write keeps the values it had.
+# 3. The policy uses them to see (a) what bringing a candidate back costs beyond its own recipe, which the
+#    union-find neighbourhood blurs once components grow, and (b) how long a chain of evicted storages the
+#    eviction would make: a long chain is recomputed by a deep cascade that can run out of budget halfway.
+
+
+class UFNode:
+    """A union-find set of evicted storages and the summed compute cost of its members."""
+
+    __slots__ = ("parent", "cost")
+
+    def __init__(self, cost: float = 0.0) -> None:
+        self.parent: UFNode = self
+        self.cost = cost
+
+    def find(self) -> UFNode:
+        root = self
+        while root.parent is not root:
+            root = root.parent
+        node = self
+        while node.parent is not root:  # path compression
+            node.parent, node = root, node.parent
+        return root
+
+    def union(self, other: UFNode) -> UFNode:
+        a, b = self.find(), other.find()
+        if a is b:
+            return a
+        b.parent = a
+        a.cost += b.cost
+        return a
+
+
+class Chain(NamedTuple):
+    """The ``extra`` of the ``"chain"`` kind (NOTE [ Evicted chains ])."""
+
+    nbhd: float  # union-find evicted-neighbourhood cost, as the "uf" kind
+    path: float  # recipe cost along the costliest evicted path above the candidate (0: no input evicted)
+    length: int  # storages on the longest evicted chain through the candidate once it is evicted (>= 1)
+
+
+class Links:
+    """A storage's state in the union-find and chain trackers (``Storage.aux``)."""
+
+    __slots__ = ("uf", "up", "down", "path")
+
+    def __init__(self, cost: float) -> None:
+        self.uf: UFNode | None = None  # its set while evicted
+        self.up = 1
+        self.down = 1
+        self.path = cost
+
+
+def _evicted(s: Storage) -> bool:
+    return not s.resident and not s.released
+
+
+class Tracker:
+    """No feature: every candidate's ``extra`` is 0."""
+
+    scores = False  # whether ``extra`` says anything (the runtime skips the call otherwise)
+
+    def evicted(self, s: Storage) -> None:
+        pass
+
+    def restored(self, s: Storage) -> None:
+        pass
+
+    def extra(self, s: Storage) -> Any:
+        return 0.0
+
+    def grouped(self, s: Storage) -> bool:
+        """Whether ``s``'s cost is summed into state the tracker keeps (then it must not change)."""
+        return False
+
+
+class UnionFind(Tracker):
+    scores = True
+
+    @staticmethod
+    def links(s: Storage) -> Links:
+        a = s.aux
+        if a is None:
+            a = s.aux = Links(s.cost)
+        return a
+
+    @staticmethod
+    def node(s: Storage) -> UFNode | None:
+        """``s``'s union-find node while it is evicted (``None`` otherwise)."""
+        return s.aux.uf if s.aux is not None else None
+
+    def evicted(self, s: Storage) -> None:
+        node = self.links(s).uf = UFNode(s.cost)
+        for n in s.neighbours():
+            a = n.aux
+            if a is not None and a.uf is not None and _evicted(n):
+                node.union(a.uf)
+
+    def restored(self, s: Storage) -> None:
+        a = s.aux
+        if a is not None and a.uf is not None:  # its cost leaves its set (not split: h_DTR^eq's approximation)
+            a.uf.find().cost -= s.cost
+            a.uf = None
+
+    def extra(self, s: Storage) -> Any:
+        roots = {n.aux.uf.find() for n in s.neighbours() if n.aux is not None and n.aux.uf is not None and _evicted(n)}
+        return sum(r.cost for r in roots)
+
+    def grouped(self, s: Storage) -> bool:
+        return s.aux is not None and s.aux.uf is not None
+
+
+class ChainTracker(UnionFind):
+    """Union-find plus the chain estimates (NOTE [ Evicted chains ])."""
+
+    def evicted(self, s: Storage) -> None:
+        super().evicted(s)
+        up = down = 0
+        path = 0.0
+        op = s.op
+        links = self.links
+        ins = [links(i) for i in op.inputs if _evicted(i)] if op is not None else []
+        outs = [(o, links(o)) for c in s.children for o in c.outputs if _evicted(o)]
+        for i in ins:
+            up = max(up, i.up)
+            path = max(path, i.path)
+        for _, o in outs:
+            down = max(down, o.down)
+        me = s.aux
+        me.up, me.down = up + 1, down + 1
+        me.path = s.cost + path
+        for o, lo in outs:
+            lo.up = max(lo.up, up + 2)
+            lo.path = max(lo.path, o.cost + me.path)
+        for i in ins:
+            i.down = max(i.down, down + 2)
+
+    def extra(self, s: Storage) -> Chain:
+        roots: set[UFNode] = set()
+        up = down = 0
+        path = 0.0
+        op = s.op
+        if op is not None:
+            for i in op.inputs:
+                if _evicted(i):
+                    a = i.aux
+                    if a is None:  # never evicted (an in-place write's old version): (1, 1, its cost)
+                        up, path = max(up, 1), max(path, i.cost)
+                        continue
+                    up = max(up, a.up)
+                    path = max(path, a.path)
+                    if a.uf is not None:
+                        roots.add(a.uf.find())
+        for c in s.children:
+            for o in c.outputs:
+                if _evicted(o):
+                    a = o.aux
+                    if a is None:
+                        down = max(down, 1)
+                        continue
+                    down = max(down, a.down)
+                    if a.uf is not None:
+                        roots.add(a.uf.find())
+        return Chain(sum(r.cost for r in roots), path, up + down + 1)
+
+
+def evicted_component(start: Sequence[Storage], up_only: bool = False) -> set[Storage]:
+    """The evicted storages reachable from ``start`` through evicted storages (recipe inputs only: ``up_only``)."""
+    seen: set[Storage] = set()
+    work = [n for n in start if _evicted(n)]
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        nxt = (n.op.inputs if n.op else ()) if up_only else n.neighbours()
+        work.extend(m for m in nxt if _evicted(m) and m not in seen)
+    return seen
+
+
+class Exact(Tracker):
+    scores = True
+
+    def extra(self, s: Storage) -> Any:
+        return sum(n.cost for n in evicted_component(s.neighbours()))
+
+
+class Ancestors(Tracker):
+    scores = True
+
+    def extra(self, s: Storage) -> Any:
+        return sum(n.cost for n in evicted_component(s.op.inputs if s.op else (), up_only=True))
+
+
+TRACKERS: dict[str, Callable[[], Tracker]] = {
+    "": Tracker, "uf": UnionFind, "exact": Exact, "ancestors": Ancestors, "chain": ChainTracker,
+}
+
+
+def register_tracker(kind: str, make: Callable[[], Tracker]) -> None:
+    """Add a kind of ``extra`` feature; policies then name it in ``Policy.extra``."""
+    TRACKERS[kind] = make
