@@ -21,7 +21,7 @@ from torch_dtr.core.runtime import BudgetError, InternalError, Runtime
 def main() -> bool:
     # one recipe with two outputs of 100 B each; b stays resident, a is evicted
     rt = Runtime(budget=None)
-    op = rt.record([], 1.0, lambda: ["a", "b"], "two_outputs")
+    op = rt.ran([], 1.0, lambda: ["a", "b"], "two_outputs")
     a = rt.output(op, 100, "a")
     b = rt.output(op, 100, "b")
     a.refs = b.refs = 1  # both have handles
