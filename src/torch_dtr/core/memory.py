@@ -15,6 +15,8 @@ from .records import Storage
 #    before running (data-dependent shapes), it reserves an upper bound.
 # 4. An optional ``extra_usage()`` callback lets a front end add a real allocator's count (CUDA):
 #    eviction then also continues while that count + n would pass the budget.
+# 5. Tensors without a strided storage (sparse layouts) are not managed and not counted: the eager front
+#    end computes them eagerly and never evicts them.
 
 
 class Memory:

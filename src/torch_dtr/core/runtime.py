@@ -564,4 +564,5 @@ class Runtime:
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")
         if self.peak_limit is not None and self.budget is not None and self.extra_usage is None:
             limit = max(self.peak_limit, self.budget)
-            internal_assert(self.memory.peak <= limit, f"peak {self.memory.peak} > budget {limit} (the largest in force)")
+            internal_assert(self.memory.peak <= limit,
+                            f"peak {self.memory.peak} > budget {limit} (the largest in force)")

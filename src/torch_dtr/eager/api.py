@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import numbers
 import re
 from collections.abc import Callable, Iterator
 
@@ -29,10 +30,10 @@ def parse_budget(budget: int | str | None) -> int | None:
         return None
     if isinstance(budget, bool):
         raise ValueError(f"torch_dtr: budget must be bytes (int) or a size string like '3GiB', got {budget!r}")
-    if isinstance(budget, int):
+    if isinstance(budget, numbers.Integral):  # int, numpy integers
         if budget < 0:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}; e.g. budget='3GiB'")
-        return budget
+        return int(budget)
     if isinstance(budget, str):
         m = _BUDGET_RE.match(budget)
         if m and m.group(2).lower() in _UNITS:
@@ -52,8 +53,13 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
                            "`with torch_dtr.budget(...)` to change the budget for a scope")
     nbytes = parse_budget(budget)
     get_policy(policy)
-    if min_evict_bytes is not None and min_evict_bytes < 0:
-        raise ValueError(f"torch_dtr: min_evict_bytes must be >= 0, got {min_evict_bytes}")
+    if min_evict_bytes is not None:
+        if isinstance(min_evict_bytes, bool) or not isinstance(min_evict_bytes, numbers.Integral):
+            raise ValueError(f"torch_dtr: min_evict_bytes must be a number of bytes (int >= 0) or None, got "
+                             f"{min_evict_bytes!r} ({type(min_evict_bytes).__name__}); e.g. min_evict_bytes=4096")
+        if min_evict_bytes < 0:
+            raise ValueError(f"torch_dtr: min_evict_bytes must be >= 0, got {min_evict_bytes}")
+        min_evict_bytes = int(min_evict_bytes)
     f = Front(nbytes, policy, sample_sqrt, min_evict_bytes)
     f.mode.__enter__()
     _front.set_active(f)

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Any
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..core import Op, Runtime, Storage
@@ -43,10 +44,11 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
+_STRIDED = torch.strided
 # predicted output bytes per (op, input shapes/strides/dtypes/devices, other args): shared by every session,
 # so that enabling again (a new Front) does not pay the meta inference again; trimmed when it grows too big
 _META_CACHE: dict[Any, int] = {}
-_META_CACHE_MAX = 200_000
+_META_CACHE_MAX = 20_000
 
 
 def _classify(xs: Any) -> int:
@@ -149,6 +151,7 @@ class Front:
                 entry = self.const_ids.get(ident)
                 if entry is not None and entry[0] is wr:
                     del self.const_ids[ident]
+                    self.hooks.pop(ident, None)  # its hook died with it; the id may be reused
                 n = self.const_keys[key] - 1
                 if n:
                     self.const_keys[key] = n
@@ -160,8 +163,10 @@ class Front:
     def constant(self, c: torch.Tensor, where: str = "") -> None:
         entry = self.const_ids.get(id(c))
         if entry is not None and entry[0]() is c:
+            if c.requires_grad and id(c) not in self.hooks and c.is_leaf:  # requires_grad_() after first use
+                self._hook(c)
             return
-        if c.device.type == "meta":
+        if c.device.type == "meta" or c.layout != _STRIDED:  # sparse constants are not counted (no storage)
             return
         st = c.untyped_storage()
         key = (st.data_ptr(), st.nbytes())
@@ -178,14 +183,25 @@ class Front:
         self.const_keys[key] = n + 1
         wr = weakref.ref(c, died)
         self.const_ids[ident] = (wr, key)
+        stale = self.hooks.get(ident)
+        if stale is not None and stale[0]() is not c:  # a dead tensor's id, reused before its drop drained
+            del self.hooks[ident]
         if c.requires_grad and c.is_leaf and ident not in self.hooks:
-            self.hooks[ident] = (weakref.ref(c), c.register_post_accumulate_grad_hook(_plain_grad))
+            self._hook(c)
+
+    def _hook(self, c: torch.Tensor) -> None:
+        """Gradients accumulated into ``c.grad`` come back plain (NOTE [ Managed vs constant ] 4)."""
+        self.hooks[id(c)] = (weakref.ref(c), c.register_post_accumulate_grad_hook(_plain_grad))
 
     # ------------------------------------------------------------------ templates
     def scan(self, x: Any, refs: list[Ref], consts: list[torch.Tensor]) -> Any:
         t = type(x)
         if t is DTRTensor:
             cell = x._cell
+            if cell.front is not self:  # made under an earlier enable(): a constant here (its value, pinned there)
+                x = cell.front.unwrap(cell)
+                consts.append(x)
+                return x
             s = cell.storage if cell.storage.forward is None else cell.current()
             r = Ref(s, cell.geom)
             refs.append(r)
@@ -219,6 +235,8 @@ class Front:
             if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None:
                 nbytes += o.untyped_storage().nbytes()
         if key is not None:
+            if len(self.meta_cache) >= _META_CACHE_MAX:  # bounded: a changing scalar makes a new key each time
+                self.meta_cache.clear()
             self.meta_cache[key] = nbytes
         return nbytes
 
@@ -234,9 +252,35 @@ class Front:
             try:
                 if self.pending:
                     self.drain()
+                if fi.restrides and type(args[0]) is DTRTensor and args[0]._cell.front is self:
+                    return self._restride(fi, args, kwargs)
                 return self._run(fi, args, kwargs)
             finally:
                 self.busy = was_busy
+
+    def _restride(self, fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
+        """An op that changes only the view metadata of its first argument in place (``t_``, ``transpose_``,
+        ``unsqueeze_``, ``as_strided_``, ...): no data is written, so no new version. The tensor's cell gets
+        the new geometry, and the wrapper's own sizes and strides are changed to match (as
+        ``return_and_correct_aliasing`` does for wrapper subclasses: the op run on the wrapper's metadata)."""
+        x = args[0]
+        cell = x._cell
+        s = cell.current()
+        p = self.rt.get(s)
+        v = view_of(p, cell.geom)
+        if v is p:  # a view object of our own: the op must not restride the payload itself
+            v = p.as_strided(p.size(), p.stride(), p.storage_offset())
+        fi.func(v, *args[1:], **kwargs)
+        cell.geom = geometry(v, p)
+        with no_dispatch():
+            meta = torch._C._meta_in_tls_dispatch_include()
+            torch._C._set_meta_in_tls_dispatch_include(True)
+            try:
+                fi.func(x, *args[1:], **kwargs)
+            finally:
+                torch._C._set_meta_in_tls_dispatch_include(meta)
+        self.rt.ran([s], 0.0)
+        return x
 
     def _run(self, fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
         rt = self.rt
@@ -318,7 +362,9 @@ class Front:
     def _fresh(fi: FuncInfo, flat: list[Any], refs: list[Ref]) -> tuple[list[int], dict[int, Ref | None]]:
         """Indices of the outputs with storage of their own, and outputs that alias an input unannounced."""
         rets = fi.returns
-        fresh = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None]
+        # sparse and other storage-less layouts stay plain: computed eagerly, never evicted (not counted)
+        fresh = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None
+                 and o.layout == _STRIDED]
         if fi.view_unannotated and fresh:  # an unannotated alias of an input: treat it as a view
             ptrs = {r.storage.payload.untyped_storage().data_ptr(): r for r in refs}
             aliased = {i: ptrs.get(flat[i].untyped_storage().data_ptr()) for i in fresh}
@@ -345,15 +391,19 @@ class Front:
         kept: list[tuple[torch.Tensor, int]] = []
         if consts:
             written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]  # type: ignore[arg-type]
-            if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
+            training = fi.hidden_writes and fi.arg(fi.training, args, kwargs)
+            if training:
                 written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
                                    if isinstance(c, torch.Tensor)]
+            elif fi.stats:  # NOTE [ In-place mutation ] 6: the recipe reads a copy of the statistics
+                targs, tkwargs, consts = _snapshot(fi, targs, tkwargs, consts)
             if written_consts:
                 scratch = frozenset(written_consts)
                 kept = [(c, c._version) for c in consts if id(c) not in scratch]
             else:
                 kept = [(c, c._version) for c in consts]
-        recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written), self.oom)
+        recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written), self.oom,
+                        torch.is_grad_enabled())
         return rt.ran(ins, cost, recipe, fi.name), recipe
 
     def _wrap(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, op: Op | None,
@@ -478,6 +528,28 @@ class _Mode(TorchDispatchMode):
         if c == 2 or (c == 1 and torch.is_grad_enabled()):
             return self.front.run(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _snapshot(fi: FuncInfo, targs: Any, tkwargs: dict, consts: list[torch.Tensor]
+              ) -> tuple[Any, dict, list[torch.Tensor]]:
+    """The call template with copies of the running statistics it reads (NOTE [ In-place mutation ] 6)."""
+    copies = {}
+    for pos, arg in fi.stats:
+        c = fi.arg((pos, arg), targs, tkwargs)
+        if isinstance(c, torch.Tensor):
+            copies[id(c)] = c.detach().clone()
+    if not copies:
+        return targs, tkwargs, consts
+
+    def swap(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and id(x) in copies:
+            return copies[id(x)]
+        if type(x) is list or type(x) is tuple:
+            return type(x)(swap(y) for y in x)
+        return x
+
+    return (swap(targs), {k: swap(v) for k, v in tkwargs.items()},
+            [copies.get(id(c), c) for c in consts])
 
 
 def _plain_grad(p: torch.Tensor) -> None:

@@ -13,6 +13,8 @@ _NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_sca
 # arguments that batch-norm kernels update in training mode, whether or not the schema marks them written
 _RUNNING_STATS = {"running_mean", "running_var"}
 _MAY_CROSS_DEVICE = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"}
+# in-place ops that change only a tensor's view metadata (size, stride, offset), never its data
+_RESTRIDE = {"t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_"}
 
 
 class FuncInfo:
@@ -28,10 +30,14 @@ class FuncInfo:
     - ``hidden_writes``: ``(arg_pos, arg_name)`` of arguments the op writes in training mode although the
       schema does not say so (``native_batch_norm``'s running statistics), with ``training`` the position
       of the flag; see NOTE [ In-place mutation ] 4.
+    - ``restrides``: changes only the view metadata of its first argument, in place (``t_``).
+    - ``stats``: ``(arg_pos, arg_name)`` of running statistics the op reads or writes (batch norm, any mode);
+      see NOTE [ In-place mutation ] 6.
     """
 
     __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
-                 "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training", "fresh")
+                 "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
+                 "stats")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -64,10 +70,12 @@ class FuncInfo:
         self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE
         self.view_unannotated = packet in _UNANNOTATED_VIEWS
         self.cross_device = packet in _MAY_CROSS_DEVICE
+        self.restrides = packet in _RESTRIDE and func.namespace == "aten"
         unmarked = [a for a in args if a.name in _RUNNING_STATS and (a.alias_info is None or not a.alias_info.is_write)]
         train = [a for a in args if a.name == "training"]
         self.hidden_writes = tuple(where(a) for a in unmarked) if train else ()
         self.training = where(train[0]) if train else (1 << 30, "")
+        self.stats = tuple(where(a) for a in unmarked)  # running statistics read (eval) or written (training)
         self.dynamic_shape = False  # set when meta inference fails (data-dependent output size)
 
     def arg(self, pos_name: tuple[int, str], args: tuple, kwargs: dict) -> object:

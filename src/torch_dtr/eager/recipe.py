@@ -26,6 +26,9 @@ from .tensor import Geom, view_of
 #    read the running statistics, so the replayed outputs are exact.
 # 5. A replay checks that every other constant it reads still has the version it had when recorded; if
 #    the program changed it since (an optimizer step), it raises instead of computing a wrong value.
+# 6. Running statistics are written without a version bump (4), so 5 cannot see a training pass change
+#    them after an eval pass read them (consistency losses, mean teachers). A recipe of an op that reads
+#    them without writing them (batch norm in eval mode) keeps its own copy (2 x channels values).
 
 
 class Ref:
@@ -86,13 +89,15 @@ class Recipe:
     ``outs[k]`` says where the payload of ``op.outputs[k]`` comes from: an int is an index into the
     flattened outputs of the call; a ``Storage`` is an old version whose clone the call wrote in place.
     ``oom``: the runtime to evict from when the call runs out of device memory (NOTE [ CUDA ] 2), or None.
+    ``grad``: whether grad mode was on when the call first ran; a replay runs in the same mode (some kernels,
+    e.g. the CPU LSTM's ``mkldnn_rnn_layer``, return a workspace only with grad mode on).
     """
 
-    __slots__ = ("func", "args", "kwargs", "rng", "consts", "scratch", "outs", "cow", "oom")
+    __slots__ = ("func", "args", "kwargs", "rng", "consts", "scratch", "outs", "cow", "oom", "grad")
 
     def __init__(self, func: Any, args: Any, kwargs: dict, rng: RngState | None,
                  consts: list[tuple[torch.Tensor, int]], scratch: frozenset[int],
-                 outs: list[int | Storage], cow: tuple[Storage, ...], oom: Any = None) -> None:
+                 outs: list[int | Storage], cow: tuple[Storage, ...], oom: Any = None, grad: bool = True) -> None:
         self.func = func
         self.args = args
         self.kwargs = kwargs
@@ -102,6 +107,7 @@ class Recipe:
         self.outs = outs
         self.cow = cow
         self.oom = oom
+        self.grad = grad
 
     def __call__(self) -> list[torch.Tensor]:
         for c, v in self.consts:
@@ -127,6 +133,12 @@ class Recipe:
         return [flat[o] if type(o) is int else override[o] for o in self.outs]  # type: ignore[index]
 
     def _call(self, args: Any, kwargs: dict) -> Any:
+        # As on its first run (inside __torch_dispatch__): below autograd, so payloads carry no graph, and in
+        # the grad mode it ran in. A replay may start anywhere: inside another op, in backward, in unwrap().
+        with torch._C._AutoDispatchBelowAutograd(), torch.set_grad_enabled(self.grad):
+            return self._replay(args, kwargs)
+
+    def _replay(self, args: Any, kwargs: dict) -> Any:
         if self.rng is not None:  # replay() sets the saved state on every call, retries included
             return self.rng.replay(self.func, args, kwargs)
         return self.func(*args, **kwargs)

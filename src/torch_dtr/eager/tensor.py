@@ -26,7 +26,8 @@ from ..core import Storage
 #    handles move to it at once and a cell follows the chain, so all views see the write, while recipes keep
 #    naming the version they read (see NOTE [ In-place mutation ]).
 
-Geom = tuple[torch.Size, tuple[int, ...], int, torch.dtype] | None
+# size, stride, storage offset, dtype, conjugate bit, negative bit
+Geom = tuple[torch.Size, tuple[int, ...], int, torch.dtype, bool, bool] | None
 
 
 def geometry(t: torch.Tensor, payload: torch.Tensor) -> Geom:
@@ -34,20 +35,26 @@ def geometry(t: torch.Tensor, payload: torch.Tensor) -> Geom:
     if t is payload:
         return None
     size, stride, off, dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
+    bits = (t.is_conj(), t.is_neg())
     if (size == payload.size() and stride == payload.stride() and off == payload.storage_offset()
-            and dtype == payload.dtype):
+            and dtype == payload.dtype and bits == (payload.is_conj(), payload.is_neg())):
         return None
-    return (size, stride, off, dtype)
+    return (size, stride, off, dtype, *bits)
 
 
 def view_of(payload: torch.Tensor, geom: Geom) -> torch.Tensor:
     if geom is None:
         return payload
-    size, stride, off, dtype = geom
+    size, stride, off, dtype, conj, neg = geom
     if dtype == payload.dtype:
-        return payload.as_strided(size, stride, off)
-    t = torch.empty(0, dtype=dtype, device=payload.device)
-    return t.set_(payload.untyped_storage(), off, size, stride)
+        v = payload.as_strided(size, stride, off)
+    else:
+        v = torch.empty(0, dtype=dtype, device=payload.device).set_(payload.untyped_storage(), off, size, stride)
+    if v.is_conj() != conj:  # a lazily conjugated or negated view (torch.conj, _neg_view) keeps its bit
+        torch._C._set_conj(v, conj)
+    if v.is_neg() != neg:
+        torch._C._set_neg(v, neg)
+    return v
 
 
 class Cell:
@@ -91,6 +98,10 @@ class DTRTensor(torch.Tensor):
             cls, like.size(), strides=like.stride(), storage_offset=like.storage_offset(),
             dtype=like.dtype, device=like.device, requires_grad=False,
         )
+        if like.is_conj():
+            torch._C._set_conj(w, True)
+        if like.is_neg():
+            torch._C._set_neg(w, True)
         w._cell = cell
         return w
 
@@ -116,6 +127,24 @@ class DTRTensor(torch.Tensor):
 
     def tolist(self) -> Any:  # type: ignore[override]
         return self._cell.front.peek(self._cell).tolist()
+
+    # Saving and copying work as on a plain tensor and give plain tensors back: a managed tensor's recipe
+    # and runtime belong to this process's session, so only the value travels.
+    def __reduce_ex__(self, proto: Any) -> Any:
+        v = self._cell.front.peek(self._cell).detach()
+        if self.requires_grad:
+            v.requires_grad_(True)
+        return v.__reduce_ex__(proto)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        if not self.is_leaf:  # as torch.Tensor.__deepcopy__ says for any non-leaf
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment (torch_dtr: copy.deepcopy(t.detach()) copies the value)")
+        v = self._cell.front.peek(self._cell).clone()
+        if self.requires_grad:
+            v.requires_grad_(True)
+        memo[id(self)] = v
+        return v
 
 
 def _first(args: tuple, kwargs: dict) -> DTRTensor:

@@ -1,0 +1,227 @@
+"""Programs a demanding user writes that broke torch-dtr once (issue: correct on every PyTorch program).
+Each compares with plain PyTorch on the same seeds, bitwise, with nothing evicted and/or everything evicted."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from util import evict_all
+
+import torch_dtr
+from torch_dtr.eager import front as _front
+from torch_dtr.eager.tensor import DTRTensor
+
+
+def test_numpy_integer_budget_and_bad_min_evict_bytes():
+    assert torch_dtr.parse_budget(np.int64(4096)) == 4096
+    with pytest.raises(ValueError, match="min_evict_bytes must be a number of bytes.*'x' \\(str\\)"):
+        torch_dtr.enable(budget=None, min_evict_bytes="x")
+    assert not torch_dtr.enabled()
+
+
+def _restride_program(op: str, evict: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    z = x * 2.0
+    if evict:
+        evict_all()
+    if op == "t_":
+        z.t_()
+    elif op == "transpose_":
+        z.transpose_(0, 1)
+    elif op == "swapdims_":
+        z.swapdims_(0, 1)
+    elif op == "unsqueeze_":
+        z.unsqueeze_(1)
+    elif op == "squeeze_":
+        z = z.unsqueeze(0) * 1.0
+        z.squeeze_(0)
+    elif op == "as_strided_":
+        z.as_strided_((4, 3), (1, 4))
+    if evict:
+        evict_all()
+    w = torch.arange(float(z.numel())).reshape(z.shape)
+    loss = (z * w).sum() + z.t().contiguous().sum() if z.dim() == 2 else (z * w).sum()
+    loss.backward()
+    return torch_dtr.unwrap(loss.detach()), x.grad
+
+
+@pytest.mark.parametrize("op", ["t_", "transpose_", "swapdims_", "unsqueeze_", "squeeze_", "as_strided_"])
+@pytest.mark.parametrize("evict", [False, True], ids=["nothing_evicted", "all_evicted"])
+def test_inplace_metadata_ops_match_plain(op, evict):
+    want_loss, want_grad = _restride_program(op, False)
+    torch_dtr.enable(budget=None)
+    try:
+        loss, grad = _restride_program(op, evict)
+        torch_dtr.runtime().check()
+    finally:
+        torch_dtr.disable()
+    assert type(grad) is torch.Tensor
+    assert torch.equal(loss, want_loss) and torch.equal(grad, want_grad)
+
+
+def test_wrapper_shape_follows_inplace_transpose():
+    torch_dtr.enable(budget=None)
+    try:
+        z = torch.randn(2, 5, requires_grad=True) * 1.0
+        z.t_()
+        assert type(z) is DTRTensor and z.shape == (5, 2) and torch_dtr.unwrap(z).shape == (5, 2)
+    finally:
+        torch_dtr.disable()
+
+
+def _gru_step(batch_first: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(16, 32, num_layers=2, batch_first=batch_first)
+    x = torch.randn(4, 7, 16) if batch_first else torch.randn(7, 4, 16)
+    out, h = gru(x)
+    loss = out.square().mean() + h.sum()
+    loss.backward()
+    return torch_dtr.unwrap(loss.detach()), [p.grad for p in gru.parameters()]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_nn_gru_with_no_budget_matches_plain(batch_first):
+    want_loss, want_grads = _gru_step(batch_first)
+    torch_dtr.enable(budget=None)
+    try:
+        loss, grads = _gru_step(batch_first)
+    finally:
+        torch_dtr.disable()
+    assert torch.equal(loss, want_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+
+
+def test_pickle_save_and_deepcopy_of_managed_tensors():
+    torch_dtr.enable(budget=None)
+    try:
+        x = torch.randn(6, 6, requires_grad=True)
+        y = (x * 3).tanh()
+        d = y.detach()
+        assert type(y) is DTRTensor and type(d) is DTRTensor
+        evict_all()
+        want = torch.tanh(x.detach() * 3)
+        assert torch_dtr.eager.peek(d).grad_fn is None, "a recomputed payload must carry no autograd graph"
+        back = pickle.loads(pickle.dumps(d))
+        assert type(back) is torch.Tensor and torch.equal(back, want)
+        buf = io.BytesIO()
+        torch.save({"y": d}, buf)
+        buf.seek(0)
+        assert torch.equal(torch.load(buf)["y"], want)
+        c = copy.deepcopy(d)
+        assert type(c) is torch.Tensor and torch.equal(c, want)
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(y)  # as plain PyTorch does for a non-leaf
+    finally:
+        torch_dtr.disable()
+
+
+def test_managed_tensor_from_an_earlier_session_is_a_constant_in_the_next():
+    x = torch.randn(8, 8, requires_grad=True)
+    torch_dtr.enable(budget=None)
+    y = x * 2
+    torch_dtr.disable()
+    torch_dtr.enable(budget="1MiB")
+    try:
+        z = (y + 1).sum()
+        z.backward()
+        rt = torch_dtr.runtime()
+        rt.check()
+        assert rt.memory.tracked >= 0
+        assert torch.equal(torch_dtr.unwrap(z.detach()), (x.detach() * 2 + 1).sum())
+        assert torch.equal(x.grad, torch.full((8, 8), 2.0))
+    finally:
+        torch_dtr.disable()
+
+
+def test_meta_cache_stays_bounded(monkeypatch):
+    monkeypatch.setattr(_front, "_META_CACHE_MAX", 50)
+    x = torch.randn(4, 4, requires_grad=True)
+    torch_dtr.enable(budget="1MiB")
+    try:
+        for i in range(300):  # a new scalar each time: a new key each time
+            (x * (1.0 + i / 1000)).sum()
+        assert len(_front._META_CACHE) <= 50
+    finally:
+        torch_dtr.disable()
+
+
+def _lstm_step(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True)
+    x = torch.randn(4, 9, 16)
+    out, (h, c) = lstm(x)
+    if evict:
+        evict_all()  # the workspace of mkldnn_rnn_layer included: backward recomputes it (grad mode on)
+    loss = out.square().mean() + h.sum() + c.sum()
+    loss.backward()
+    return torch_dtr.unwrap(loss.detach()), [p.grad for p in lstm.parameters()]
+
+
+def test_nn_lstm_with_everything_evicted_matches_plain():
+    want_loss, want_grads = _lstm_step(False)
+    torch_dtr.enable(budget=None)
+    try:
+        loss, grads = _lstm_step(True)
+        assert torch_dtr.stats().rematerializations > 0
+    finally:
+        torch_dtr.disable()
+    assert torch.equal(loss, want_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+
+
+def _bn_eval_then_train(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 3), torch.nn.BatchNorm2d(4))
+    x = torch.randn(4, 3, 12, 12)
+    net.eval()
+    teacher = net(x)  # reads the running statistics
+    net.train()
+    student = net(x + 0.1)  # updates them in place (no version bump)
+    if evict:
+        evict_all()  # the eval pass's outputs are recomputed from here on
+    loss = (student - teacher).square().mean()
+    loss.backward()
+    return torch_dtr.unwrap(loss.detach()), [p.grad for p in net.parameters()]
+
+
+def test_batchnorm_eval_then_train_in_one_loss_matches_plain():
+    want_loss, want_grads = _bn_eval_then_train(False)
+    torch_dtr.enable(budget=None)
+    try:
+        loss, grads = _bn_eval_then_train(True)
+        assert torch_dtr.stats().rematerializations > 0
+    finally:
+        torch_dtr.disable()
+    assert torch.equal(loss, want_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+
+
+def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat():
+    # saliency / FGSM loops: a new input leaf per iteration; ids of dead leaves are reused by new ones
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    torch_dtr.enable(budget="4MB")
+    try:
+        sizes = []
+        for i in range(300):
+            x = torch.randn(16, 32).requires_grad_()
+            net(x).sum().backward()
+            assert type(x.grad) is torch.Tensor, f"iteration {i}: managed .grad"
+            net.zero_grad(set_to_none=True)
+            del x
+            sizes.append(torch_dtr.stats().resident_bytes)
+        assert sizes[-1] <= sizes[10], sizes[::50]
+        late = torch.randn(3, 3)
+        (late @ net[0].weight[:3, :3]).sum()  # a managed op sees `late` as a constant, without grad
+        late.requires_grad_()  # then it becomes a leaf that requires grad
+        (late * 2).sum().backward()
+        assert type(late.grad) is torch.Tensor
+    finally:
+        torch_dtr.disable()
