@@ -11,6 +11,9 @@ import torch
 pytest.importorskip("expecttest")
 import conformance  # noqa: E402
 
+# deprecated operators in op_db warn when run; those warnings are PyTorch's, not the test's outcome
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
 # Known failures, each with the reason; strict, so that a fix is noticed and the entry removed.
 KNOWN: dict[str, str] = {}
 
