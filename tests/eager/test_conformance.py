@@ -32,3 +32,45 @@ def test_first_sample_bitwise_in_both_modes(op):
             if status in ("differs", "raises"):
                 bad.append(f"{mode}: {status}: {detail}")
     assert not bad, "; ".join(bad)
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass that only unwraps and rewraps: no torch-dtr at all."""
+
+    @staticmethod
+    def __new__(cls, t):
+        w = torch.Tensor._make_wrapper_subclass(cls, t.size(), strides=t.stride(), dtype=t.dtype, device=t.device)
+        w.inner = t
+        return w
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        def un(x):
+            return x.inner if isinstance(x, _Wrapper) else x
+
+        out = func(*tree_map(un, args), **tree_map(un, kwargs or {}))
+        return tree_map(lambda x: _Wrapper(x) if isinstance(x, torch.Tensor) else x, out)
+
+
+def test_prod_gradient_differs_for_any_wrapper_subclass_not_for_torch_dtr_alone():
+    # docs/conformance.md: prod's gradient along a dim is not bitwise plain PyTorch's under torch-dtr. The
+    # cause is PyTorch's: its autograd formula differs for wrapper subclasses; a do-nothing wrapper gives
+    # exactly torch-dtr's gradient.
+    import torch_dtr
+
+    torch.manual_seed(0)
+    x = torch.rand(5, 5, 5) * 2 - 1
+    a = x.clone().requires_grad_()
+    torch.prod(a, 0).sum().backward()
+    b = _Wrapper(x.clone()).requires_grad_()
+    torch.prod(b, 0).sum().backward()
+    torch_dtr.enable(budget=None)
+    try:
+        c = x.clone().requires_grad_()
+        torch.prod(c, 0).sum().backward()
+    finally:
+        torch_dtr.disable()
+    assert not torch.equal(a.grad, b.grad.inner)
+    assert torch.equal(c.grad, b.grad.inner)
