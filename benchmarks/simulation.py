@@ -125,7 +125,7 @@ def _record_small(out: Path) -> list[tuple[str, Path]]:
     import torch
     import torch.nn as nn
 
-    from torch_dtr.record import record
+    from torch_dtr.recorder import record
 
     torch.manual_seed(0)
     made = []

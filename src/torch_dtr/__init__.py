@@ -21,7 +21,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(eager, name)
     if name == "record":  # torch_dtr.record(path): write an operator log for the simulator
-        from .record import record
+        from .recorder import record
 
         return record
     raise AttributeError(f"module 'torch_dtr' has no attribute {name!r}")

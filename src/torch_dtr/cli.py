@@ -64,7 +64,7 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
     if args.cmd == "record":
         import json
 
-        from .record import record_script
+        from .recorder import record_script
 
         if args.iteration < 1:
             p.error(f"--iteration must be >= 1, got {args.iteration}")

@@ -1,4 +1,4 @@
-"""torch_dtr.record: logs of real training steps that read back and replay without a use after release."""
+"""torch_dtr.record (recorder.py): logs of real training steps that read back and replay without use after release."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import torch_dtr
-from torch_dtr.record import record, record_script
+from torch_dtr.recorder import record, record_script
 from torch_dtr.sim import log
 
 
@@ -287,3 +287,10 @@ def test_gpt2_training_step(tmp_path) -> None:
     L = log.read(path)
     assert L.backward is not None and L.op_count() == r["ops"] > 300
     assert nloss in r["live"] and r["views"] > 10 and len(r["mutates"]) > 10
+
+
+def test_torch_dtr_record_stays_the_function() -> None:
+    import torch_dtr
+
+    assert callable(torch_dtr.record) and callable(torch_dtr.record)  # not shadowed by a submodule of that name
+    assert torch_dtr.record is record

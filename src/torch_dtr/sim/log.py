@@ -14,7 +14,7 @@ PyTorch wrote it): JSON lines, each with an ``INSTRUCTION``; numbers are decimal
     RELEASE   NAME                          one reference dropped
 
 ``read`` folds the MEMORY and ALIAS lines into the instruction they describe, so a log becomes a list of
-the small frozen records below. Extra fields are ignored (our recorder adds some; see ``record.py``).
+the small frozen records below. Extra fields are ignored (our recorder adds some; see ``torch_dtr/recorder.py``).
 """
 
 from __future__ import annotations
