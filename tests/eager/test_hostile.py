@@ -163,16 +163,22 @@ def _lstm_step(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return torch_dtr.unwrap(loss.detach()), [p.grad for p in lstm.parameters()]
 
 
-def test_nn_lstm_with_everything_evicted_matches_plain():
-    want_loss, want_grads = _lstm_step(False)
+def _evicted_matches_plain(step) -> None:
+    """``step(evict)`` plain, then under torch-dtr with everything evicted mid-way: loss and gradients bitwise
+    equal, and something was recomputed."""
+    want_loss, want_grads = step(False)
     torch_dtr.enable(budget=None)
     try:
-        loss, grads = _lstm_step(True)
+        loss, grads = step(True)
         assert torch_dtr.stats().rematerializations > 0
     finally:
         torch_dtr.disable()
     assert torch.equal(loss, want_loss)
     assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+
+
+def test_nn_lstm_with_everything_evicted_matches_plain():
+    _evicted_matches_plain(_lstm_step)
 
 
 def _bn_eval_then_train(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -192,15 +198,7 @@ def _bn_eval_then_train(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 
 def test_batchnorm_eval_then_train_in_one_loss_matches_plain():
-    want_loss, want_grads = _bn_eval_then_train(False)
-    torch_dtr.enable(budget=None)
-    try:
-        loss, grads = _bn_eval_then_train(True)
-        assert torch_dtr.stats().rematerializations > 0
-    finally:
-        torch_dtr.disable()
-    assert torch.equal(loss, want_loss)
-    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+    _evicted_matches_plain(_bn_eval_then_train)
 
 
 def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat():
