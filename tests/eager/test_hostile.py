@@ -223,3 +223,33 @@ def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat():
         assert type(late.grad) is torch.Tensor
     finally:
         torch_dtr.disable()
+
+
+def _lstm_under(budget):
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(32, 64, num_layers=2, batch_first=True)
+    x = torch.randn(8, 40, 32)
+    out, (h, c) = lstm(x)
+    loss = out.square().mean() + h.sum()
+    loss.backward()
+    return torch_dtr.unwrap(loss.detach()), [p.grad for p in lstm.parameters()]
+
+
+def test_nn_lstm_at_80pct_of_its_peak_matches_plain():
+    # the budget makes the forward evict mkldnn_rnn_layer's outputs; backward (grad mode off) recomputes
+    # them: without the recorded grad mode the replay had no workspace ("not resident when its reader runs")
+    want_loss, want_grads = _lstm_under(None)
+    torch_dtr.enable(budget=None)
+    try:
+        _lstm_under(None)
+        peak = torch_dtr.stats().peak_bytes
+    finally:
+        torch_dtr.disable()
+    torch_dtr.enable(budget=int(peak * 0.8))
+    try:
+        loss, grads = _lstm_under(None)
+        assert torch_dtr.stats().rematerializations > 0
+    finally:
+        torch_dtr.disable()
+    assert torch.equal(loss, want_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
