@@ -151,25 +151,25 @@ def test_meta_cache_stays_bounded(monkeypatch):
         torch_dtr.disable()
 
 
-def _lstm_step(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _lstm_step(evict: bool, width: int = 16, batch: int = 4, steps: int = 9) -> tuple[torch.Tensor, list]:
     torch.manual_seed(0)
-    lstm = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True)
-    x = torch.randn(4, 9, 16)
+    lstm = torch.nn.LSTM(width, 2 * width, num_layers=2, batch_first=True)
+    x = torch.randn(batch, steps, width)
     out, (h, c) = lstm(x)
     if evict:
-        evict_all()  # the workspace of mkldnn_rnn_layer included: backward recomputes it (grad mode on)
+        evict_all()  # the workspace of mkldnn_rnn_layer included: backward recomputes it
     loss = out.square().mean() + h.sum() + c.sum()
     loss.backward()
     return torch_dtr.unwrap(loss.detach()), [p.grad for p in lstm.parameters()]
 
 
-def _evicted_matches_plain(step) -> None:
-    """``step(evict)`` plain, then under torch-dtr with everything evicted mid-way: loss and gradients bitwise
+def _matches_plain(step, budget=None, evict=True) -> None:
+    """``step(False)`` plain, then ``step(evict)`` under torch-dtr at ``budget``: loss and gradients bitwise
     equal, and something was recomputed."""
     want_loss, want_grads = step(False)
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=budget)
     try:
-        loss, grads = step(True)
+        loss, grads = step(evict)
         assert torch_dtr.stats().rematerializations > 0
     finally:
         torch_dtr.disable()
@@ -178,7 +178,7 @@ def _evicted_matches_plain(step) -> None:
 
 
 def test_nn_lstm_with_everything_evicted_matches_plain():
-    _evicted_matches_plain(_lstm_step)
+    _matches_plain(_lstm_step)
 
 
 def _bn_eval_then_train(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -198,7 +198,7 @@ def _bn_eval_then_train(evict: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 
 def test_batchnorm_eval_then_train_in_one_loss_matches_plain():
-    _evicted_matches_plain(_bn_eval_then_train)
+    _matches_plain(_bn_eval_then_train)
 
 
 def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat():
@@ -225,31 +225,17 @@ def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat():
         torch_dtr.disable()
 
 
-def _lstm_under(budget):
-    torch.manual_seed(0)
-    lstm = torch.nn.LSTM(32, 64, num_layers=2, batch_first=True)
-    x = torch.randn(8, 40, 32)
-    out, (h, c) = lstm(x)
-    loss = out.square().mean() + h.sum()
-    loss.backward()
-    return torch_dtr.unwrap(loss.detach()), [p.grad for p in lstm.parameters()]
+def _lstm_big(_evict: bool) -> tuple[torch.Tensor, list]:
+    return _lstm_step(False, width=32, batch=8, steps=40)
 
 
 def test_nn_lstm_at_80pct_of_its_peak_matches_plain():
     # the budget makes the forward evict mkldnn_rnn_layer's outputs; backward (grad mode off) recomputes
     # them: without the recorded grad mode the replay had no workspace ("not resident when its reader runs")
-    want_loss, want_grads = _lstm_under(None)
     torch_dtr.enable(budget=None)
     try:
-        _lstm_under(None)
+        _lstm_big(False)
         peak = torch_dtr.stats().peak_bytes
     finally:
         torch_dtr.disable()
-    torch_dtr.enable(budget=int(peak * 0.8))
-    try:
-        loss, grads = _lstm_under(None)
-        assert torch_dtr.stats().rematerializations > 0
-    finally:
-        torch_dtr.disable()
-    assert torch.equal(loss, want_loss)
-    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+    _matches_plain(_lstm_big, budget=int(peak * 0.8), evict=False)

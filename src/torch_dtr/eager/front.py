@@ -288,7 +288,8 @@ class Front:
         consts: list[torch.Tensor] = []
         targs = self.scan(args, refs, consts)
         tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
-        held = rt.acquire([r.storage for r in refs]) if refs else ()
+        ins = [r.storage for r in refs]
+        held = rt.acquire(ins) if refs else ()
         try:
             for c in consts:
                 self.constant(c, fi.name)
@@ -304,8 +305,8 @@ class Front:
             flat = flat_outputs(out)
             fresh, aliased = self._fresh(fi, flat, refs)
             written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
-            op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, consts, versions, rng, cost, fresh,
-                                      written, flat)
+            op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, rng, cost,
+                                      fresh, written, flat)
             if on_cuda and op is not None:
                 self.timer.stop(op, start)  # type: ignore[union-attr]
             results = self._wrap(fi, args, kwargs, targs, tkwargs, op, recipe, flat, fresh, aliased, written, override)
@@ -372,11 +373,11 @@ class Front:
         return fresh, {}
 
     def _record(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, refs: list[Ref],
-                consts: list[torch.Tensor], versions: list[int] | None, rng: RngState | None, cost: float,
+                ins: list[Storage], consts: list[torch.Tensor], versions: list[int] | None, rng: RngState | None,
+                cost: float,
                 fresh: list[int], written: list[Storage], flat: list[Any]) -> tuple[Op | None, Recipe | None]:
         """Tell the runtime the op ran; its recipe when it made storages and can be replayed."""
         rt = self.rt
-        ins = [r.storage for r in refs]
         if not (fresh or written):  # views and in-place returns only: no clock advance
             rt.ran(ins, 0.0)
             return None, None
