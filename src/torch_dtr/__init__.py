@@ -9,8 +9,8 @@
 from .core import BudgetError, InternalError, Policy, Stats
 from .core.policies import POLICIES, register
 
-_EAGER = ("ConstantChangedError", "DTRTensor", "budget", "disable", "enable", "enabled", "listen", "parse_budget",
-          "reset_peak", "runtime", "stats", "unwrap")
+_EAGER = ("ConstantChangedError", "DTRTensor", "attach", "budget", "disable", "enable", "enabled", "listen",
+          "parse_budget", "reset_peak", "runtime", "stats", "unwrap")
 
 
 def __getattr__(name: str) -> object:
@@ -28,7 +28,8 @@ def __getattr__(name: str) -> object:
 
 __version__ = "0.1.0"
 __all__ = [
-    "POLICIES", "BudgetError", "ConstantChangedError", "DTRTensor", "InternalError", "Policy", "Stats", "budget",
+    "POLICIES", "BudgetError", "ConstantChangedError", "DTRTensor", "InternalError", "Policy", "Stats", "attach",
+    "budget",
     "disable", "enable", "enabled", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
     "unwrap",
 ]

@@ -107,3 +107,54 @@ def test_set_budget_evicts_to_fit_or_keeps_the_old_budget() -> None:
         d.rt.set_budget(20)  # below the constant
     assert d.rt.budget == 50, "a budget that cannot be kept must not stay installed"
     full_check(d.rt)
+
+
+def _changed_chain() -> tuple[Driver, list]:
+    """k (a constant) -> a -> b -> c, 10 B each; a and b evicted, the handle on a dropped (kept for b's recipe)."""
+    d = Driver(None, "dtr_eq")
+    k = d.const(10, 1)
+    a = d.op1([k], 1, 10, lambda v: v + 1, "a")
+    b = d.op1([a], 1, 10, lambda v: v * 2, "b")
+    c = d.op1([b], 1, 10, lambda v: v + 3, "c")
+    d.rt.evict(b)
+    d.rt.drop_ref(a)  # no handle, a reader lives: evicted at once (NOTE [ Lifetimes ] 3)
+    assert not a.resident and not b.resident and c.resident
+    return d, [k, a, b, c]
+
+
+def test_stranded_names_the_evicted_values_with_handles_an_invalidation_would_lose() -> None:
+    d, (k, a, b, c) = _changed_chain()
+    assert d.rt.stranded([a.op]) == [b], "a has no handle; c is resident"
+    assert d.rt.stranded([c.op]) == []
+
+
+def test_invalidate_after_rescuing_keeps_every_held_value_and_releases_the_rest() -> None:
+    d, (k, a, b, c) = _changed_chain()
+    rt = d.rt
+    for s in rt.stranded([a.op]):  # what the front end does before a write (NOTE [ Changed inputs ] 2)
+        rt.rematerialize(s)
+        rt.pin(s)
+    rt.invalidate([a.op], "k changed")
+    assert a.released, "nothing needs a any more: b is pinned, its recipe dropped"
+    assert b.resident and b.pinned and b.payload == 4
+    assert c.resident and not c.pinned and c.op.compute is not None, "c's recipe reads b, which stays"
+    rt.evict(c)
+    assert d.read(c) == 7
+    full_check(rt)
+
+
+def test_a_lost_value_raises_constant_changed_when_read() -> None:
+    from torch_dtr.core import ConstantChangedError
+
+    d, (k, a, b, c) = _changed_chain()
+    rt = d.rt
+    rt.evict(c)
+    rt.invalidate([a.op], "k changed")  # no rescue: b and c are lost, a released
+    assert a.released and not b.released and not c.released
+    with pytest.raises(ConstantChangedError, match="output of c .*evicted, and then k changed"):
+        d.read(c)
+    full_check(rt)
+    rt.drop_ref(c)
+    rt.drop_ref(b)
+    assert b.released and c.released and len(rt.live) == 1  # only k
+    full_check(rt)

@@ -13,3 +13,17 @@ def _always_disable():
     gc.collect()
 
 
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """List the cases that ran at another budget than their name says (test_equivalence's fallbacks)."""
+    lines = []
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            for name, value in getattr(rep, "user_properties", ()):
+                if name == "budget_fallback" and getattr(rep, "when", "call") == "call":
+                    lines.append(f"{rep.nodeid}: {value}")
+    if lines:
+        terminalreporter.section("budgets that fell back (the case ran at another budget than its name)")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)

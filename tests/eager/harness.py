@@ -254,3 +254,33 @@ def run_dtr_near(builder, opt_name: str, budget: int, ladder=LADDER) -> tuple[in
             return b, res
         tried.append(b)
     raise torch_dtr.BudgetError(f"torch_dtr: none of the budgets {tried} B was feasible (see harness.py)")
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{tuple(a.shape)}/{a.dtype} vs {tuple(b.shape)}/{b.dtype}"
+    if a.is_floating_point():
+        return f"max |diff| {(a.double() - b.double()).abs().max().item():.3g}"
+    return f"{(a != b).sum().item()} elements differ"
+
+
+def assert_same(ref: RunResult, got: RunResult) -> None:
+    """Losses, every gradient of every step, parameters and buffers after the steps: all equal."""
+    bad: list[str] = []
+    for i, (a, b) in enumerate(zip(ref.losses, got.losses, strict=True)):
+        if not torch.equal(a, b):
+            bad.append(f"loss of step {i}: {a.item()!r} vs {b.item()!r}")
+    for i, (ga, gb) in enumerate(zip(ref.grads, got.grads, strict=True)):
+        assert list(ga) == list(gb)
+        for n in ga:
+            a, b = ga[n], gb[n]
+            if (a is None) != (b is None):
+                bad.append(f"grad of {n} at step {i}: {a is None=} {b is None=}")
+            elif a is not None and not torch.equal(a, b):
+                bad.append(f"grad of {n} at step {i}: {_diff(a, b)}")
+    for what, da, db in (("parameter", ref.params, got.params), ("buffer", ref.buffers, got.buffers)):
+        assert list(da) == list(db)
+        for n in da:
+            if not torch.equal(da[n], db[n]):
+                bad.append(f"{what} {n} after the steps: {_diff(da[n], db[n])}")
+    assert not bad, f"{len(bad)} mismatches with plain PyTorch:\n  " + "\n  ".join(bad[:25])

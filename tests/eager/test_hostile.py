@@ -3,6 +3,7 @@ Each compares with plain PyTorch on the same seeds, bitwise, with nothing evicte
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
@@ -13,7 +14,7 @@ import torch
 from util import evict_all
 
 import torch_dtr
-from torch_dtr.eager import front as _front
+from torch_dtr.eager import sizes as _sizes
 from torch_dtr.eager.tensor import DTRTensor
 
 
@@ -140,13 +141,13 @@ def test_managed_tensor_from_an_earlier_session_is_a_constant_in_the_next():
 
 
 def test_meta_cache_stays_bounded(monkeypatch):
-    monkeypatch.setattr(_front, "_META_CACHE_MAX", 50)
+    monkeypatch.setattr(_sizes, "_CACHE_MAX", 50)
     x = torch.randn(4, 4, requires_grad=True)
     torch_dtr.enable(budget="1MiB")
     try:
         for i in range(300):  # a new scalar each time: a new key each time
             (x * (1.0 + i / 1000)).sum()
-        assert len(_front._META_CACHE) <= 50
+        assert len(_sizes._CACHE) <= 50
     finally:
         torch_dtr.disable()
 
@@ -239,3 +240,99 @@ def test_nn_lstm_at_80pct_of_its_peak_matches_plain():
     finally:
         torch_dtr.disable()
     _matches_plain(_lstm_big, budget=int(peak * 0.8), evict=False)
+
+
+def _train_in_a_thread(attach: bool, evict: bool) -> list[torch.Tensor]:
+    import threading
+
+    out: list[torch.Tensor] = []
+
+    def work() -> None:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with torch_dtr.attach() if attach else contextlib.nullcontext():
+            for _ in range(3):
+                loss = net(torch.randn(8, 16)).square().mean()
+                if evict:
+                    evict_all()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                out.append(torch_dtr.unwrap(loss.detach()))
+        out.extend(p.detach().clone() for p in net.parameters())
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return out
+
+
+def test_a_worker_thread_is_managed_when_attached_and_plain_otherwise():
+    # NOTE [ Threads ] 4: enable() manages its own thread; a worker joins with torch_dtr.attach()
+    want = _train_in_a_thread(False, False)
+    torch_dtr.enable(budget=None)
+    try:
+        got = _train_in_a_thread(True, True)
+        s = torch_dtr.stats()
+        assert s.ops > 0 and s.rematerializations > 0
+        ops = s.ops
+        unattached = _train_in_a_thread(False, False)
+        assert torch_dtr.stats().ops == ops, "a thread that did not attach ran managed ops"
+    finally:
+        torch_dtr.disable()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(type(t) is torch.Tensor and torch.equal(a, t) for a, t in zip(unattached, want, strict=True))
+    with pytest.raises(RuntimeError, match="attach\\(\\) needs an enabled session"):
+        with torch_dtr.attach():
+            pass
+
+
+def test_output_sizes_from_shape_rules_and_data_match_what_the_ops_make():
+    # NOTE [ Size prediction ]: _grouped_mm's meta kernel rejects float32 (rule 2); bincount, nonzero and
+    # masked_select depend on the data (rule 3). Each prediction must be exact (or, for unique, not below).
+    from torch_dtr.eager.funcinfo import info
+    from torch_dtr.eager.sizes import Sizes
+
+    torch.manual_seed(0)
+    aten = torch.ops.aten
+    x = torch.randn(40, 30)
+    idx = torch.randint(0, 5000, (300,))
+    cases = [
+        (aten._grouped_mm.default, (torch.randn(64, 16), torch.randn(4, 16, 32),
+                                    torch.tensor([16, 32, 48, 64], dtype=torch.int32)), {}),
+        (aten.bincount.default, (idx,), {}),
+        (aten.bincount.default, (idx, torch.rand(300)), {"minlength": 9000}),
+        (aten.nonzero.default, (x > 0.5,), {}),
+        (aten.masked_select.default, (x, x > 1.0), {}),
+        (aten._unique2.default, (idx,), {"return_inverse": True, "return_counts": True}),
+    ]
+    sizes = Sizes()
+    for func, args, kwargs in cases:
+        fi = info(func)
+        out = [o for i, o in enumerate(_flat(func(*args, **kwargs))) if fi.returns[min(i, len(fi.returns) - 1)] is None]
+        real = sum(o.untyped_storage().nbytes() for o in out)
+        got = sizes.predict(fi, args, kwargs)
+        assert got == real if "unique" not in fi.name else got >= real, (fi.name, got, real)
+    assert not sizes.unsized
+
+
+def _flat(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def test_bincount_of_a_managed_tensor_keeps_the_budget_of_1200kb():
+    # its output size is the largest value + 1: a bound from the input's size once let it reach 3.3x the budget
+    torch.manual_seed(0)
+    x = torch.rand(20_000, requires_grad=True)
+    torch_dtr.enable(budget="1200KB")
+    try:
+        kept = [x * float(i) for i in range(1, 7)]  # 6 x 80 KB, evictable
+        idx = (x * 100_000).long()  # managed (computed from x, which requires grad)
+        counts = torch.bincount(idx)  # ~800 KB
+        assert counts.shape == (int(torch_dtr.unwrap(idx).max()) + 1,)
+        torch_dtr.runtime().check()  # the peak stayed within the budget
+        assert torch_dtr.stats().evictions > 0
+        del kept
+    finally:
+        torch_dtr.disable()

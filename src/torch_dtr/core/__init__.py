@@ -1,6 +1,6 @@
 """The framework-agnostic DTR core. It must never import torch (a test checks this)."""
 
-from .errors import BudgetError, InternalError, fmt_bytes
+from .errors import BudgetError, ConstantChangedError, InternalError, fmt_bytes
 from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, POLICIES, Policy, get_policy, register
 from .records import Op, Storage
@@ -8,7 +8,7 @@ from .runtime import Listener, Runtime, Stats
 from .trackers import TRACKERS, Chain, Tracker, UFNode, register_tracker
 
 __all__ = [
-    "DEFAULT_POLICY", "POLICIES", "TRACKERS", "BudgetError", "Chain", "Drop", "InternalError", "Listener", "Memory",
-    "Op", "Policy", "Runtime", "Stats", "Storage", "Tracker", "UFNode", "fmt_bytes", "get_policy", "register",
-    "register_tracker",
+    "DEFAULT_POLICY", "POLICIES", "TRACKERS", "BudgetError", "Chain", "ConstantChangedError", "Drop", "InternalError",
+    "Listener", "Memory", "Op", "Policy", "Runtime", "Stats", "Storage", "Tracker", "UFNode", "fmt_bytes",
+    "get_policy", "register", "register_tracker",
 ]

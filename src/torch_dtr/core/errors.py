@@ -7,6 +7,11 @@ class BudgetError(RuntimeError):
     """The budget cannot be kept: everything that could be evicted has been, and the op still does not fit."""
 
 
+class ConstantChangedError(RuntimeError):
+    """A value cannot be recomputed any more: something its recipe read (a constant) changed after the value
+    was evicted, in a way the front end did not see in advance (NOTE [ Changed inputs ])."""
+
+
 class InternalError(AssertionError):
     """A bug in torch_dtr (never the user's mistake). Please report it with the message."""
 

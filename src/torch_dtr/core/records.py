@@ -9,6 +9,8 @@ Words used everywhere in this package (the DTR paper's, as in simrd):
   never evicted.
 - *released*: nothing can ever need it again (no handle and no live dependent recipe); it is freed for
   good and forgotten. (simrd calls this banishing.)
+- *lost*: evicted, and its recipe can no longer run (an input changed: ``Runtime.invalidate``); reading it
+  raises ``ConstantChangedError``.
 
 A storage is the unit of eviction and of byte counting. Tensors (views) are a front-end notion: every
 view of a storage is rebuilt from the storage's payload, so the core never sees them.
@@ -76,7 +78,7 @@ class Op:
     resident or released).
     """
 
-    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name")
+    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name", "why")
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class Op:
         self.compute = compute
         self.live = 0  # outputs not yet released
         self.name = name
+        self.why: str | None = None  # set by ``Runtime.invalidate``: why the recipe can no longer run
 
     def __repr__(self) -> str:
         return f"Op({self.name or '?'}, in={[s.sid for s in self.inputs]}, out={[s.sid for s in self.outputs]})"

@@ -14,7 +14,8 @@ talks to it only through these verbs, and never writes a record's fields:
     rt.add_ref(s) / rt.drop_ref(s)             # handles (tensors, log names) on a storage
 
 plus ``new_version`` (in-place writes), ``add_constant``, ``pin``, ``get``/``rematerialize``, ``evict``,
-``evict_some`` (out-of-memory retries), ``set_cost``, ``set_budget`` and ``listen`` (observers of its events).
+``evict_some`` (out-of-memory retries), ``set_cost``, ``set_budget``, ``stranded``/``invalidate`` (an input
+of recipes changed) and ``listen`` (observers of its events).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BudgetError, InternalError, fmt_bytes, internal_assert
+from .errors import BudgetError, ConstantChangedError, InternalError, fmt_bytes, internal_assert
 from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, Policy, get_policy
 from .records import Op, Storage
@@ -65,6 +66,23 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    rematerialization is done, those whose every reader's outputs are resident again are dropped at once
 #    (as NOTE [ Lifetimes ] 3). One with a reader still evicted stays, to the policy.
 # Why each rule is there, with the measurements: docs/design.md (Rematerialization).
+
+# NOTE [ Changed inputs ]
+#
+# 1. A recipe is valid only while what it reads keeps its value. Managed storages never change (an
+#    in-place write makes a new version), but constants do: an optimizer step, a write through ``.data``,
+#    ``p.data = ...``. The front end sees such a write before it happens and hands the ops whose recipes
+#    read the constant to ``invalidate``.
+# 2. First (``stranded``): evicted storages that would be left without a recipe and that something holds
+#    (``refs > 0``) are rematerialized and pinned, while their inputs still have the values they read; the
+#    program keeps the values it computed. That may need memory: a ``BudgetError`` then names the write.
+# 3. ``invalidate`` drops the recipes: their resident outputs are pinned (nothing can recompute them, so
+#    they are never evicted: a ``BudgetError`` cannot destroy a value the program holds), evicted ones are
+#    lost, and so is, recursively, what was computed from a lost one. Inputs lose a dependent and are
+#    released when nothing else needs them: a loss kept for logging no longer keeps its step's whole
+#    forward (and input batch) alive through recipes (simrd's banishing).
+# 4. Reading a lost storage raises ``ConstantChangedError``. Only a write the front end did not see in
+#    advance can lose a held value (see its NOTE [ Changed constants ]).
 
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
@@ -328,6 +346,50 @@ class Runtime:
             s.pinned = True
             self._drop_candidate(s)
 
+    # ------------------------------------------------------------------ changed inputs
+    def stranded(self, ops: Sequence[Op]) -> list[Storage]:
+        """The evicted storages with handles that ``invalidate(ops)`` would lose, oldest first
+        (NOTE [ Changed inputs ] 2)."""
+        found: dict[Storage, None] = {}
+        seen: set[Op] = set()
+        work = list(ops)
+        while work:
+            op = work.pop()
+            if op in seen or op.compute is None:
+                continue
+            seen.add(op)
+            for o in op.outputs:
+                if o.resident or o.released or o in found:
+                    continue
+                if o.refs > 0:
+                    found[o] = None
+                work.extend(o.children)
+        return sorted(found, key=_sid)
+
+    def invalidate(self, ops: Sequence[Op], why: str) -> None:
+        """The recipes of ``ops`` can no longer run (``why``): pin their resident outputs, lose the evicted
+        ones and what was computed from them, release what nothing needs now (NOTE [ Changed inputs ] 3)."""
+        work = list(ops)
+        while work:
+            op = work.pop()
+            if op.compute is None:  # released or invalidated already
+                continue
+            op.compute = None
+            op.why = why
+            for o in op.outputs:
+                if o.released:
+                    continue
+                if o.resident:
+                    self.pin(o)
+                else:
+                    work.extend(o.children)
+            inputs, op.inputs = op.inputs, ()
+            for i in inputs:
+                i.deps -= 1
+                i.children.remove(op)
+                if i.deps == 0 and i.refs == 0:
+                    self._release(i)
+
     # ------------------------------------------------------------------ budget and eviction
     def set_budget(self, budget: int | None) -> None:
         """Change the budget and evict until tracked bytes fit it; if they cannot, the old budget stays and
@@ -463,6 +525,11 @@ class Runtime:
                 s, held, parent = frames[-1]
                 if not s.resident:
                     op = s.op
+                    if op is not None and op.why is not None and not s.released:
+                        raise ConstantChangedError(
+                            f"torch_dtr: cannot recompute the output of {op.name or 'an op'} ({s}): it was "
+                            f"evicted, and then {op.why}. Read values before such a change, or keep them with "
+                            f"torch_dtr.unwrap(t).")
                     if op is None or op.compute is None or s.released:
                         internal_assert(False, f"cannot rematerialize {s}: it has no recipe")
                     missing = [i for i in op.inputs if not i.resident]

@@ -1,8 +1,21 @@
 """The PyTorch front end: a dispatch mode and a wrapper tensor that drive the core runtime."""
 
-from .api import budget, disable, enable, enabled, listen, parse_budget, peek, reset_peak, runtime, stats, unwrap
-from .recipe import ConstantChangedError
+from ..core.errors import ConstantChangedError
+from .api import (
+                  attach,
+                  budget,
+                  disable,
+                  enable,
+                  enabled,
+                  listen,
+                  parse_budget,
+                  peek,
+                  reset_peak,
+                  runtime,
+                  stats,
+                  unwrap,
+)
 from .tensor import DTRTensor
 
-__all__ = ["ConstantChangedError", "DTRTensor", "budget", "disable", "enable", "enabled", "listen", "parse_budget",
-           "peek", "reset_peak", "runtime", "stats", "unwrap"]
+__all__ = ["ConstantChangedError", "DTRTensor", "attach", "budget", "disable", "enable", "enabled", "listen",
+           "parse_budget", "peek", "reset_peak", "runtime", "stats", "unwrap"]

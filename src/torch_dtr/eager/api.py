@@ -124,6 +124,22 @@ def budget(budget: int | str | None, **options: object) -> Iterator[None]:
             f.rt.set_budget(old)
 
 
+@contextlib.contextmanager
+def attach() -> Iterator[None]:
+    """Manage this thread's ops too, under the enabled session (same budget and runtime).
+
+    ``enable()`` manages the thread that calls it: PyTorch keeps dispatch modes per thread. A worker
+    thread that trains under the session wraps its work in ``with torch_dtr.attach():``; without it, its
+    ops on plain tensors stay plain (not counted, never evicted). See NOTE [ Threads ] 4."""
+    f = _front._ACTIVE
+    if f is None:
+        raise RuntimeError("torch_dtr: attach() needs an enabled session; call torch_dtr.enable(...) first (in "
+                           "any thread), then `with torch_dtr.attach():` in the worker thread")
+    mode = _front.ThreadMode(f)
+    with mode:
+        yield
+
+
 def stats() -> Stats:
     """Counters of the enabled runtime (or of the last one, after ``disable()``)."""
     f = _front._ACTIVE or _LAST

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import deque
 from typing import Any
 
@@ -15,10 +14,12 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..core import Op, Runtime, Storage
 from ..core.policies import Policy
+from .constants import Constants
 from .device import CudaTimer, retry_on_oom
 from .funcinfo import FuncInfo, info
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs
 from .rng import RngState
+from .sizes import Sizes, trim
 from .tensor import Cell, DTRTensor, geometry, view_of
 
 # NOTE [ Managed vs constant ]
@@ -41,14 +42,15 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 #    under the lock at the start of the next managed op or ``stats()``.
 # 3. A thread that does not see the dispatch mode still reaches ``DTRTensor.__torch_dispatch__`` for
 #    managed tensors, which routes to the enabled front end.
+# 4. PyTorch keeps dispatch modes per thread, so ``enable()`` manages the thread that calls it. Ops that
+#    another thread runs on plain tensors stay plain (not counted, never evicted) unless that thread enters
+#    ``torch_dtr.attach()``: the same session (budget, runtime, lock) on its own mode, which falls back to
+#    plain PyTorch once the session is disabled. (Making it process-wide would need a hook on every thread's
+#    dispatch, which PyTorch does not offer.)
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
 _STRIDED = torch.strided
-# predicted output bytes per (op, input shapes/strides/dtypes/devices, other args): shared by every session,
-# so that enabling again (a new Front) does not pay the meta inference again; trimmed when it grows too big
-_META_CACHE: dict[Any, int] = {}
-_META_CACHE_MAX = 20_000
 
 
 def _classify(xs: Any) -> int:
@@ -69,38 +71,10 @@ def _classify(xs: Any) -> int:
     return r
 
 
-def _key(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype, x.device)
-    t = type(x)
-    if t is list or t is tuple:
-        return tuple([y if type(y) is int else _key(y) for y in x])
-    return x
-
-
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if type(x) is list or type(x) is tuple:
-        return type(x)(_to_meta(y) for y in x)
-    return x
-
-
 def _is_cuda(refs: list[Ref], consts: list[torch.Tensor]) -> bool:
     if refs:
         return refs[0].storage.payload.is_cuda
     return bool(consts) and consts[0].is_cuda
-
-
-def _bound(args: Any) -> int:
-    """An upper bound on the bytes of an op whose output size depends on the data (nonzero, unique...)."""
-    total = 0
-    for x in args:
-        if isinstance(x, torch.Tensor):
-            total += x.numel() * 8 * max(3, x.dim())
-        elif type(x) is list or type(x) is tuple:
-            total += _bound(x)
-    return total
 
 
 class Front:
@@ -119,10 +93,8 @@ class Front:
         self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()
         self.pending: deque[Any] = deque()
-        self.const_ids: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
-        self.const_keys: dict[tuple[int, int], int] = {}  # storage (ptr, nbytes) -> tensors seen on it
-        self.hooks: dict[int, tuple[weakref.ref, Any]] = {}
-        self.meta_cache = _META_CACHE
+        self.consts = Constants(self.rt, self.pending, self.drain_if_idle)
+        self.sizes = Sizes()
         self.mode = _Mode(self)
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
 
@@ -147,51 +119,26 @@ class Front:
             if type(item) is Storage:
                 rt.drop_ref(item)
             else:  # a constant tensor died
-                ident, wr, key = item
-                entry = self.const_ids.get(ident)
-                if entry is not None and entry[0] is wr:
-                    del self.const_ids[ident]
-                    self.hooks.pop(ident, None)  # its hook died with it; the id may be reused
-                n = self.const_keys[key] - 1
-                if n:
-                    self.const_keys[key] = n
-                else:
-                    del self.const_keys[key]
-                    rt.remove_constant(key[1])
+                self.consts.died(*item)
 
     # ------------------------------------------------------------------ constants
     def constant(self, c: torch.Tensor, where: str = "") -> None:
-        entry = self.const_ids.get(id(c))
-        if entry is not None and entry[0]() is c:
-            if c.requires_grad and id(c) not in self.hooks and c.is_leaf:  # requires_grad_() after first use
-                self._hook(c)
+        self.consts.see(c, where)
+
+    def before_write(self, tensors: Any, what: str) -> None:
+        """The program is about to write ``tensors`` (plain) in place or replace their data: invalidate the
+        recipes that read them, keeping the values it holds (NOTE [ Changed constants ] 2)."""
+        ops = self.consts.written(tensors)
+        if not ops:
             return
-        if c.device.type == "meta" or c.layout != _STRIDED:  # sparse constants are not counted (no storage)
-            return
-        st = c.untyped_storage()
-        key = (st.data_ptr(), st.nbytes())
-        ident = id(c)
-        pending = self.pending
-
-        def died(wr: weakref.ref, ident: int = ident, key: tuple[int, int] = key) -> None:
-            pending.append((ident, wr, key))
-            self.drain_if_idle()
-
-        n = self.const_keys.get(key, 0)
-        if n == 0:
-            self.rt.add_constant(key[1], where)  # may raise BudgetError: register nothing before it
-        self.const_keys[key] = n + 1
-        wr = weakref.ref(c, died)
-        self.const_ids[ident] = (wr, key)
-        stale = self.hooks.get(ident)
-        if stale is not None and stale[0]() is not c:  # a dead tensor's id, reused before its drop drained
-            del self.hooks[ident]
-        if c.requires_grad and c.is_leaf and ident not in self.hooks:
-            self._hook(c)
-
-    def _hook(self, c: torch.Tensor) -> None:
-        """Gradients accumulated into ``c.grad`` come back plain (NOTE [ Managed vs constant ] 4)."""
-        self.hooks[id(c)] = (weakref.ref(c), c.register_post_accumulate_grad_hook(_plain_grad))
+        rt = self.rt
+        with _disable_current_modes():
+            for s in rt.stranded(ops):  # NOTE [ Changed inputs ] 2: recomputed with the old value, kept
+                if not s.resident:
+                    rt.rematerialize(s)
+                rt.pin(s)
+        rt.invalidate(ops, f"{what} wrote a constant it was computed from (an optimizer step, a write "
+                           f"through .data, or t.data = ...), so recomputing it would give another value")
 
     # ------------------------------------------------------------------ templates
     def scan(self, x: Any, refs: list[Ref], consts: list[torch.Tensor]) -> Any:
@@ -211,34 +158,6 @@ class Front:
         if isinstance(x, torch.Tensor):
             consts.append(x)
         return x
-
-    def predict(self, fi: FuncInfo, args: tuple, kwargs: dict) -> int:
-        """Bytes of the fresh outputs of ``fi.func(*args, **kwargs)``, inferred on meta tensors and cached."""
-        if fi.dynamic_shape:
-            return _bound(args)
-        try:
-            key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
-            hit = self.meta_cache.get(key)
-        except TypeError:  # an unhashable argument
-            key, hit = None, None
-        if hit is not None:
-            return hit
-        try:
-            mk = {k: _to_meta(v) for k, v in kwargs.items() if k != "generator"}
-            out = flat_outputs(fi.func(*_to_meta(args), **mk))
-        except Exception:
-            fi.dynamic_shape = True
-            return _bound(args)
-        rets = fi.returns
-        nbytes = 0
-        for i, o in enumerate(out):
-            if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None:
-                nbytes += o.untyped_storage().nbytes()
-        if key is not None:
-            if len(self.meta_cache) >= _META_CACHE_MAX:  # bounded: a changing scalar makes a new key each time
-                self.meta_cache.clear()
-            self.meta_cache[key] = nbytes
-        return nbytes
 
     # ------------------------------------------------------------------ the per-op path
     # Phases of one managed op (``_run``): acquire its managed inputs (the core rematerializes and locks
@@ -293,6 +212,8 @@ class Front:
         try:
             for c in consts:
                 self.constant(c, fi.name)
+            if consts and (fi.mutated or fi.hidden_writes) and self.consts.readers:
+                self.before_write(_writes(fi, args, kwargs), fi.name)
             pargs = fill(targs, None, _EMPTY) if refs else targs
             pkwargs = {k: fill(v, None, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
             cow, override, need, on_cuda = self._plan(fi, targs, tkwargs, pargs, pkwargs, refs, consts)
@@ -337,7 +258,7 @@ class Front:
                 cow.append(r.storage)
         on_cuda = self.cuda and _is_cuda(refs, consts)
         # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
-        need = self.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
+        need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
         copies = [s for s in cow if s.op is None and s.deps > 0] if cow else None
         if copies:
             need += sum(s.nbytes for s in copies)
@@ -405,7 +326,10 @@ class Front:
                 kept = [(c, c._version) for c in consts]
         recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written), self.oom,
                         torch.is_grad_enabled())
-        return rt.ran(ins, cost, recipe, fi.name), recipe
+        op = rt.ran(ins, cost, recipe, fi.name)
+        if kept:
+            self.consts.read_by(op, [c for c, _ in kept])  # type: ignore[arg-type]
+        return op, recipe
 
     def _wrap(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, op: Op | None,
               recipe: Recipe | None, flat: list[Any], fresh: list[int], aliased: dict[int, Ref | None],
@@ -450,6 +374,43 @@ class Front:
                     s = s.forward
                 results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
         return results
+
+    def set_data(self, t: torch.Tensor, v: torch.Tensor) -> None:
+        """``t.data = v`` while enabled (NOTE [ Changed constants ] 4)."""
+        with self.lock:
+            was_busy, self.busy = self.busy, True
+            try:
+                if self.pending:
+                    self.drain()
+                if type(t) is not DTRTensor:
+                    self.before_write([t], "t.data = ...")
+                    self.consts.forget(t)
+                    _DATA.__set__(t, v._cell.front.unwrap(v._cell) if type(v) is DTRTensor else v)
+                    return
+                if type(v) is DTRTensor and v._cell.front is self:
+                    cell = Cell(self, v._cell.current(), v._cell.geom)
+                else:
+                    if type(v) is DTRTensor:
+                        v = v._cell.front.unwrap(v._cell)
+                    v = v.detach()
+                    nbytes = v.untyped_storage().nbytes()
+                    self.rt.reserve(nbytes, "t.data = ...")
+                    cell = Cell(self, self.rt.output(None, nbytes, v), None)  # pinned: shares v's memory
+                _DATA.__set__(t, DTRTensor(cell, v))  # t takes v's sizes and strides
+                t._cell = cell  # type: ignore[attr-defined]
+            finally:
+                self.busy = was_busy
+
+    def plain_write(self, fi: FuncInfo, args: tuple, kwargs: dict) -> None:
+        """An unmanaged op (the mode's plain path) is about to write its arguments in place."""
+        with self.lock:
+            was_busy, self.busy = self.busy, True
+            try:
+                if self.pending:
+                    self.drain()
+                self.before_write([fi.arg(m, args, kwargs) for m in fi.mutated], fi.name)
+            finally:
+                self.busy = was_busy
 
     # ------------------------------------------------------------------ running ops the mode did not see
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -502,12 +463,8 @@ class Front:
         return v
 
     def close(self) -> None:
-        for wr, handle in self.hooks.values():
-            if wr() is not None:
-                handle.remove()
-        self.hooks.clear()
-        if len(_META_CACHE) > _META_CACHE_MAX:
-            _META_CACHE.clear()
+        self.consts.close()
+        trim()
 
 
 class _Mode(TorchDispatchMode):
@@ -528,7 +485,28 @@ class _Mode(TorchDispatchMode):
             c = max(c, _classify(kwargs.values()))
         if c == 2 or (c == 1 and torch.is_grad_enabled()):
             return self.front.run(func, args, kwargs)
+        if self.front.consts.readers:  # NOTE [ Changed constants ] 2: a write to a constant recipes read
+            fi = info(func)
+            if fi.mutated:
+                self.front.plain_write(fi, args, kwargs)
         return func(*args, **kwargs)
+
+
+class ThreadMode(_Mode):
+    """The mode of a thread attached to a session (NOTE [ Threads ] 4): plain once the session is disabled."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if not self.front.active:
+            return func(*args, **(kwargs or {}))
+        return _Mode.__torch_dispatch__(self, func, types, args, kwargs)
+
+
+def _writes(fi: FuncInfo, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments the op writes in place: the schema's, and batch norm's statistics in training mode."""
+    out = [fi.arg(m, args, kwargs) for m in fi.mutated]
+    if fi.hidden_writes and fi.arg(fi.training, args, kwargs):
+        out += [fi.arg(h, args, kwargs) for h in fi.hidden_writes]
+    return out
 
 
 def _snapshot(fi: FuncInfo, targs: Any, tkwargs: dict, consts: list[torch.Tensor]
@@ -553,12 +531,6 @@ def _snapshot(fi: FuncInfo, targs: Any, tkwargs: dict, consts: list[torch.Tensor
             [copies.get(id(c), c) for c in consts])
 
 
-def _plain_grad(p: torch.Tensor) -> None:
-    g = p.grad
-    if type(g) is DTRTensor:
-        p.grad = g._cell.front.unwrap(g._cell)
-
-
 def active() -> Front | None:
     """The enabled front end, if any."""
     return _ACTIVE
@@ -571,3 +543,18 @@ def set_active(front: Front | None) -> None:
     _ACTIVE = front
     if front is not None:
         front.active = True
+        torch.Tensor.data = property(_DATA.__get__, _set_data)  # type: ignore[assignment]
+    elif "data" in torch.Tensor.__dict__:
+        del torch.Tensor.data
+
+
+# the C getter and setter of ``Tensor.data``; while enabled, ``torch.Tensor.data`` wraps the setter
+_DATA = torch._C.TensorBase.__dict__["data"]
+
+
+def _set_data(t: torch.Tensor, v: torch.Tensor) -> None:
+    f = _ACTIVE
+    if f is None:
+        _DATA.__set__(t, v)
+    else:
+        f.set_data(t, v)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..core import Storage
-from ..core.errors import internal_assert
+from ..core.errors import ConstantChangedError, internal_assert
 from .device import retry_on_oom
 from .rng import RngState
 from .tensor import Geom, view_of
@@ -39,10 +39,6 @@ class Ref:
     def __init__(self, storage: Storage, geom: Geom) -> None:
         self.storage = storage
         self.geom = geom
-
-
-class ConstantChangedError(RuntimeError):
-    pass
 
 
 def clone_storage(p: torch.Tensor) -> torch.Tensor:

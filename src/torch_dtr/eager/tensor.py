@@ -112,6 +112,14 @@ class DTRTensor(torch.Tensor):
         kwargs = kwargs or {}
         return _first(args, kwargs)._cell.front.dispatch(func, args, kwargs)
 
+    @property  # type: ignore[override]
+    def data(self) -> torch.Tensor:
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, v: torch.Tensor) -> None:  # NOTE [ Changed constants ] 4 (front.set_data)
+        self._cell.front.set_data(self, v)
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         text = repr(self._cell.front.peek(self._cell))
         if self.grad_fn is not None:
@@ -145,6 +153,9 @@ class DTRTensor(torch.Tensor):
             v.requires_grad_(True)
         memo[id(self)] = v
         return v
+
+
+_DATA = torch._C.TensorBase.__dict__["data"]
 
 
 def _first(args: tuple, kwargs: dict) -> DTRTensor:

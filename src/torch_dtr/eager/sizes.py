@@ -1,0 +1,161 @@
+"""How many bytes an op's fresh outputs will take, known before it runs (the budget is kept by reserving them).
+
+# NOTE [ Size prediction ]
+#
+# 1. Shapes come from the op's own shape rules: the op runs on meta tensors (no data, no compute), once per
+#    distinct call signature (cached).
+# 2. A meta kernel that rejects a dtype the real kernel accepts (``_grouped_mm`` with float32 on CPU, used
+#    by mixture-of-experts models) runs again with its floating inputs as bfloat16; the bytes of floating
+#    outputs are then counted at the widest floating input's size.
+# 3. Ops whose output size depends on the data (``bincount``, ``nonzero``, ``masked_select``, ``unique``...)
+#    have a rule here that reads the inputs (resident and locked when it runs): the exact size, or a bound
+#    that is never below it.
+# 4. What neither 1, 2 nor 3 can size is reserved as 0 bytes: the op runs, and the runtime evicts right after
+#    it to fit its output (the budget may be exceeded by that output while the op returns). Such ops are
+#    counted in ``unsized`` and named there (``Front.sizes.unsized``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .funcinfo import FuncInfo
+from .recipe import flat_outputs
+
+_CACHE: dict[Any, int] = {}  # shared by every session: enabling again does not pay meta inference again
+_CACHE_MAX = 20_000
+_LOW = torch.bfloat16
+
+
+def _key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device)
+    t = type(x)
+    if t is list or t is tuple:
+        return tuple([y if type(y) is int else _key(y) for y in x])
+    return x
+
+
+def _to_meta(x: Any, low: bool = False) -> Any:
+    if isinstance(x, torch.Tensor):
+        dtype = _LOW if low and x.dtype.is_floating_point else x.dtype
+        return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
+    if type(x) is list or type(x) is tuple:
+        return type(x)(_to_meta(y, low) for y in x)
+    return x
+
+
+def _floats(x: Any) -> list[int]:
+    if isinstance(x, torch.Tensor):
+        return [x.element_size()] if x.dtype.is_floating_point else []
+    if type(x) is list or type(x) is tuple:
+        return [n for y in x for n in _floats(y)]
+    return []
+
+
+def _arg(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) -> Any:
+    return args[pos] if pos < len(args) else kwargs.get(name, default)
+
+
+def _bincount(args: tuple, kwargs: dict) -> int:
+    x, weights, minlength = args[0], _arg(args, kwargs, 1, "weights"), _arg(args, kwargs, 2, "minlength", 0)
+    n = max(int(x.max()) + 1 if x.numel() else 0, minlength)
+    return n * (weights.element_size() if weights is not None and weights.dtype.is_floating_point else 8)
+
+
+def _nonzero(args: tuple, kwargs: dict) -> int:
+    x = args[0]
+    return int(torch.count_nonzero(x)) * max(x.dim(), 1) * 8
+
+
+def _masked_select(args: tuple, kwargs: dict) -> int:
+    x, mask = args[0], args[1]
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    return int(torch.count_nonzero(mask.expand(shape))) * x.element_size()
+
+
+def _repeat_interleave(args: tuple, kwargs: dict) -> int:
+    return int(args[0].sum()) * 8 if args[0].numel() else 0
+
+
+def _unique(args: tuple, kwargs: dict) -> int:  # values, inverse indices, counts: at most this much
+    x = args[0]
+    return x.numel() * (x.element_size() + 16)
+
+
+_RULES: dict[str, Callable[[tuple, dict], int]] = {
+    "bincount": _bincount, "nonzero": _nonzero, "argwhere": _nonzero, "masked_select": _masked_select,
+    "repeat_interleave": _repeat_interleave, "_unique": _unique, "_unique2": _unique, "unique_dim": _unique,
+    "unique_consecutive": _unique, "unique_dim_consecutive": _unique,
+}
+
+
+_NONE: Any = object()
+_RULE_OF: dict[Any, Any] = {}  # OpOverload -> its rule or None
+
+
+class Sizes:
+    """Predicts the fresh output bytes of an op (NOTE [ Size prediction ])."""
+
+    def __init__(self) -> None:
+        self.cache = _CACHE
+        self.unsized: dict[str, int] = {}  # ops that nothing could size (rule 4): name -> calls
+
+    def predict(self, fi: FuncInfo, args: tuple, kwargs: dict) -> int:
+        """Bytes of the fresh outputs of ``fi.func(*args, **kwargs)``; ``args`` hold the real (resident) inputs."""
+        func = fi.func
+        rule = _RULE_OF.get(func, _NONE)
+        if rule is _NONE:
+            rule = _RULE_OF[func] = _RULES.get(func._overloadpacket.__name__) if func.namespace == "aten" else None
+        if rule is not None:
+            return rule(args, kwargs)
+        if fi.dynamic_shape:
+            self.unsized[fi.name] = self.unsized.get(fi.name, 0) + 1
+            return 0
+        try:
+            key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
+            hit = self.cache.get(key)
+        except TypeError:  # an unhashable argument
+            key, hit = None, None
+        if hit is not None:
+            return hit
+        nbytes = self._meta(fi, args, kwargs, False)
+        if nbytes is None:
+            nbytes = self._meta(fi, args, kwargs, True)
+        if nbytes is None:
+            fi.dynamic_shape = True
+            self.unsized[fi.name] = self.unsized.get(fi.name, 0) + 1
+            return 0
+        if key is not None:
+            if len(self.cache) >= _CACHE_MAX:  # bounded: a changing scalar makes a new key each time
+                self.cache.clear()
+            self.cache[key] = nbytes
+        return nbytes
+
+    @staticmethod
+    def _meta(fi: FuncInfo, args: tuple, kwargs: dict, low: bool) -> int | None:
+        if low and not _floats(args):
+            return None
+        try:
+            mk = {k: _to_meta(v, low) for k, v in kwargs.items() if k != "generator"}
+            out = flat_outputs(fi.func(*_to_meta(args, low), **mk))
+        except Exception:
+            return None
+        wide = max(_floats(args) + _floats(list(kwargs.values()))) if low else 0
+        rets = fi.returns
+        nbytes = 0
+        for i, o in enumerate(out):
+            if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None:
+                if low and o.dtype.is_floating_point:
+                    nbytes += o.untyped_storage().nbytes() // o.element_size() * wide
+                else:
+                    nbytes += o.untyped_storage().nbytes()
+        return nbytes
+
+
+def trim() -> None:
+    if len(_CACHE) > _CACHE_MAX:
+        _CACHE.clear()
