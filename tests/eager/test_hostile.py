@@ -202,21 +202,23 @@ def test_batchnorm_eval_then_train_in_one_loss_matches_plain():
     _matches_plain(_bn_eval_then_train)
 
 
-def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat():
+def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat_for_1000_iterations():
     # saliency / FGSM loops: a new input leaf per iteration; ids of dead leaves are reused by new ones
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     torch_dtr.enable(budget="4MB")
     try:
-        sizes = []
-        for i in range(300):
+        sizes, live = [], []
+        for i in range(1000):
             x = torch.randn(16, 32).requires_grad_()
             net(x).sum().backward()
             assert type(x.grad) is torch.Tensor, f"iteration {i}: managed .grad"
             net.zero_grad(set_to_none=True)
             del x
-            sizes.append(torch_dtr.stats().resident_bytes)
-        assert sizes[-1] <= sizes[10], sizes[::50]
+            st = torch_dtr.stats()
+            sizes.append(st.resident_bytes)
+            live.append(st.live_storages)
+        assert sizes[-1] <= sizes[10] and live[-1] <= live[10], (sizes[::100], live[::100])
         late = torch.randn(3, 3)
         (late @ net[0].weight[:3, :3]).sum()  # a managed op sees `late` as a constant, without grad
         late.requires_grad_()  # then it becomes a leaf that requires grad
@@ -336,3 +338,40 @@ def test_bincount_of_a_managed_tensor_keeps_the_budget_of_1200kb():
         del kept
     finally:
         torch_dtr.disable()
+
+
+def _sparse_embedding_steps(evict: bool) -> list[torch.Tensor]:
+    # a sparse embedding (its gradient is a sparse tensor: left unmanaged) and dense layers, with
+    # zero_grad(set_to_none=False): p.grad is zeroed in place and accumulated into on every step
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 16, sparse=True)
+    head = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    opts = [torch.optim.SGD(emb.parameters(), lr=0.1), torch.optim.Adam(head.parameters(), lr=0.01)]
+    seen = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        ids, y = torch.randint(0, 50, (8, 5), generator=g), torch.randint(0, 3, (8,), generator=g)
+        for o in opts:
+            o.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(head(emb(ids).mean(1)), y)
+        if evict:
+            evict_all()
+        loss.backward()
+        for o in opts:
+            o.step()
+        seen.append(torch_dtr.unwrap(loss.detach()))
+    params = [*emb.parameters(), *head.parameters()]
+    assert all(type(p.grad) is torch.Tensor for p in params)
+    return seen + [p.detach().clone() for p in params] + [head[0].weight.grad.clone()]
+
+
+def test_sparse_embedding_and_zero_grad_without_none_match_plain():
+    want = _sparse_embedding_steps(False)
+    torch_dtr.enable(budget=None)
+    try:
+        got = _sparse_embedding_steps(True)
+        assert torch_dtr.stats().rematerializations > 0
+        torch_dtr.runtime().check()
+    finally:
+        torch_dtr.disable()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
