@@ -1,7 +1,7 @@
 """How often a budget near the minimum trains or thrashes: repeated runs of a test model, each in a fresh
 process. Prints one line per process and a summary per budget.
 
-    python benchmarks/near_min.py [--model tree_rnn] [--opt adam] [--policy dtr_chain]
+    python benchmarks/near_min.py [--model tree_rnn] [--opt adam] [--policy dtr_chain] [--costs model]
                                   [--processes 4] [--fractions 0.3 0.33 0.37 0.4]
 
 Each process trains the model of ``tests/eager/models.py`` for 3 steps (the equivalence tests' harness,
@@ -21,7 +21,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "eager"
 
 
-def one_process(model: str, opt: str, policy: str, fractions: list[float]) -> list[str]:
+def one_process(model: str, opt: str, policy: str, fractions: list[float], costs: str = "model") -> list[str]:
     """Run in a child process: the outcome at each fraction, twice over, as ``fraction:outcome`` words."""
     sys.path.insert(0, str(TESTS))
     import harness  # noqa: PLC0415 (lives in tests/eager)
@@ -38,7 +38,8 @@ def one_process(model: str, opt: str, policy: str, fractions: list[float]) -> li
     words = []
     for frac in fractions * 2:
         try:
-            res = harness.run_dtr(builder, opt, int(frac * peak), max_remats=harness.remat_cap(builder, opt))
+            res = harness.run_dtr(builder, opt, int(frac * peak), max_remats=harness.remat_cap(builder, opt),
+                                  costs=costs)
             words.append(f"{frac}:trained({res.stats.rematerializations})")
         except harness.TooMuchRecomputation:
             words.append(f"{frac}:thrashed")
@@ -52,23 +53,26 @@ def main() -> int:
     ap.add_argument("--model", default="tree_rnn")
     ap.add_argument("--opt", default="adam", choices=["adam", "sgd"])
     ap.add_argument("--policy", default="dtr_chain")
+    ap.add_argument("--costs", default="model", choices=["model", "time"])
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.3, 0.33, 0.37, 0.4])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(" ".join(one_process(a.model, a.opt, a.policy, a.fractions)))
+        print(" ".join(one_process(a.model, a.opt, a.policy, a.fractions, a.costs)))
         return 0
     tally: dict[float, collections.Counter] = {f: collections.Counter() for f in a.fractions}
     for i in range(a.processes):
         cmd = [sys.executable, __file__, "--child", "--model", a.model, "--opt", a.opt, "--policy", a.policy,
+               "--costs", a.costs,
                "--fractions", *map(str, a.fractions)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         print(f"process {i + 1}/{a.processes}: {out}", flush=True)
         for w in out.split():
             frac, outcome = w.split(":")
             tally[float(frac)][outcome.split("(")[0]] += 1
-    print(f"\n{a.model} with {a.opt}, policy {a.policy}: runs per outcome at each fraction of the peak")
+    print(f"\n{a.model} with {a.opt}, policy {a.policy}, costs {a.costs}: runs per outcome at each fraction "
+          f"of the peak")
     for frac, c in tally.items():
         print(f"  {frac:.2f}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
     return 0

@@ -107,7 +107,7 @@ class TooMuchRecomputation(RuntimeError):
 
 
 def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True,
-            max_remats: int | None = None) -> RunResult:
+            max_remats: int | None = None, costs: str = "model") -> RunResult:
     """Train under ``torch_dtr.enable(budget)``. The model is built while enabled (its parameters must stay
     plain).
 
@@ -117,7 +117,7 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
     with ``TooMuchRecomputation`` once that many recipes have been run again."""
     assert not torch_dtr.enabled()
     gc.collect()
-    torch_dtr.enable(budget=budget)
+    torch_dtr.enable(budget=budget, costs=costs)
     over = [0]
     try:
         rt = torch_dtr.runtime()

@@ -291,8 +291,9 @@ def test_a_worker_thread_is_managed_when_attached_and_plain_otherwise():
 
 
 def test_output_sizes_from_shape_rules_and_data_match_what_the_ops_make():
-    # NOTE [ Size prediction ]: _grouped_mm's meta kernel rejects float32 (rule 2); bincount, nonzero and
-    # masked_select depend on the data (rule 3). Each prediction must be exact (or, for unique, not below).
+    # NOTE [ Size prediction ]: _grouped_mm's meta kernel rejects float32 (rule 2); bincount, nonzero,
+    # masked_select and CTC loss (wav2vec2) depend on the data (rule 3). Each prediction must be exact (or, for
+    # unique, not below).
     from torch_dtr.eager.funcinfo import info
     from torch_dtr.eager.sizes import Sizes
 
@@ -308,6 +309,10 @@ def test_output_sizes_from_shape_rules_and_data_match_what_the_ops_make():
         (aten.nonzero.default, (x > 0.5,), {}),
         (aten.masked_select.default, (x, x > 1.0), {}),
         (aten._unique2.default, (idx,), {"return_inverse": True, "return_counts": True}),
+        (aten._ctc_loss.Tensor, (torch.randn(12, 3, 7).log_softmax(2), torch.randint(1, 7, (3, 4)),
+                                 torch.tensor([12, 10, 9]), torch.tensor([4, 2, 3])), {}),
+        (aten._ctc_loss.default, (torch.randn(12, 3, 7).log_softmax(2), torch.randint(1, 7, (3, 4)),
+                                  [12, 10, 9], [4, 2, 3]), {}),
     ]
     sizes = Sizes()
     for func, args, kwargs in cases:

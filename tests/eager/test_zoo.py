@@ -12,9 +12,10 @@ from zoo import ZOO
 import torch_dtr
 
 STEPS = 2
-# 50% of the peak fails with BudgetError (every run so far, 2026-11-23): the bytes locked while an op and the
-# recomputations of its evicted inputs run, plus the constants, exceed half the peak at these small sizes.
-# That is issue 13 (bounded-memory rematerialization, the single-op floor), not an equivalence problem.
+# 50% of the peak fails with BudgetError (2026-11-23, modelled costs, so the same in every run): the bytes
+# locked while an op and the recomputations of its evicted inputs run, plus the constants, exceed half the
+# peak at these small sizes. That is issue 13 (bounded-memory rematerialization, the single-op floor), not an
+# equivalence problem. Strict: a fix shows up as XPASS and fails, so the entry gets removed.
 _LOCKED = "BudgetError at 50%: {}; locks of the op and its recomputations (issue 13)"
 KNOWN_LOW = {
     "ViTForImageClassification": _LOCKED.format("gelu_backward needs 128 KiB with 256 KiB locked, 159 KiB constants"),
@@ -22,10 +23,8 @@ KNOWN_LOW = {
     "ResNetForImageClassification": _LOCKED.format("recomputing batch norm near the stem"),
     "nn_lstm": _LOCKED.format("mkldnn_rnn_layer_backward reads 598 KiB of workspace and outputs"),
     "nn_gru": _LOCKED.format("recomputing unsafe_split with 289 KiB locked"),
+    "nn_sdpa": _LOCKED.format("416 KiB locked recomputing a mul"),
 }
-# 50% lies at this model's edge: it trains in some runs and raises BudgetError in others (2 of 3 on
-# 2026-11-23): eviction scores come from per-call timers (issue 13: deterministic costs)
-FLAKY_LOW = {"nn_sdpa": "BudgetError at 50% in some runs: 416 KiB locked recomputing a mul (issue 13)"}
 _PEAKS: dict[str, int] = {}
 _PLAIN: dict[str, harness.RunResult] = {}
 
@@ -49,10 +48,7 @@ def _cases():
         for name in ZOO:
             marks = [pytest.mark.slow]
             if budget == "50pct" and name in KNOWN_LOW:
-                # not strict: eviction choices vary with timers, so a lucky run may pass (shown as XPASS by -ra)
-                marks.append(pytest.mark.xfail(strict=False, raises=torch_dtr.BudgetError, reason=KNOWN_LOW[name]))
-            if budget == "50pct" and name in FLAKY_LOW:
-                marks.append(pytest.mark.xfail(strict=False, raises=torch_dtr.BudgetError, reason=FLAKY_LOW[name]))
+                marks.append(pytest.mark.xfail(strict=True, raises=torch_dtr.BudgetError, reason=KNOWN_LOW[name]))
             yield pytest.param(name, budget, marks=marks, id=f"{budget}-{name}")
 
 

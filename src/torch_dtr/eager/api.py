@@ -45,8 +45,12 @@ def parse_budget(budget: int | str | None) -> int | None:
 
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
-           sample_sqrt: bool = False, min_evict_bytes: int | None = None) -> None:
-    """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing."""
+           sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model") -> None:
+    """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing.
+
+    ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
+    the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
+    ``"time"`` (measured around each call, as before 2026-11-23)."""
     global _LAST
     if _front._ACTIVE is not None:
         raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "
@@ -60,7 +64,9 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         if min_evict_bytes < 0:
             raise ValueError(f"torch_dtr: min_evict_bytes must be >= 0, got {min_evict_bytes}")
         min_evict_bytes = int(min_evict_bytes)
-    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes)
+    if costs not in ("time", "model"):
+        raise ValueError(f"torch_dtr: costs must be 'time' (measured) or 'model' (FLOPs and bytes), got {costs!r}")
+    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs)
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..core import Op, Runtime, Storage
 from ..core.policies import Policy
 from .constants import Constants
+from .costs import model_cost
 from .device import CudaTimer, retry_on_oom
 from .funcinfo import FuncInfo, info
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs
@@ -81,14 +82,15 @@ class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
-                 min_evict_bytes: int | None) -> None:
+                 min_evict_bytes: int | None, costs: str = "model") -> None:
         extra = None
         if torch.cuda.is_available():
             extra = torch.cuda.memory_allocated
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
                           extra_usage=extra)
         self.cuda = extra is not None  # NOTE [ CUDA ]: OOM retry and event timing for ops on CUDA tensors
-        self.timer = CudaTimer() if self.cuda else None
+        self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
+        self.timer = CudaTimer() if self.cuda and not self.model else None
         self.oom = self.rt if self.cuda else None  # recipes evict from it and retry on out-of-memory
         self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()
@@ -224,11 +226,13 @@ class Front:
             rng = RngState.before(pargs, pkwargs) if fi.random else None
             out, cost, start = self._execute(fi, pargs, pkwargs, need, rng, on_cuda)
             flat = flat_outputs(out)
+            if self.model:
+                cost = model_cost(fi.func, pargs, pkwargs, flat, "cuda" if on_cuda else "cpu")
             fresh, aliased = self._fresh(fi, flat, refs)
             written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
             op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, rng, cost,
                                       fresh, written, flat)
-            if on_cuda and op is not None:
+            if on_cuda and op is not None and self.timer is not None:
                 self.timer.stop(op, start)  # type: ignore[union-attr]
             results = self._wrap(fi, args, kwargs, targs, tkwargs, op, recipe, flat, fresh, aliased, written, override)
         finally:
@@ -263,7 +267,7 @@ class Front:
         if copies:
             need += sum(s.nbytes for s in copies)
         if rt.budget is not None:
-            if on_cuda and self.timer.pending:  # type: ignore[union-attr]
+            if on_cuda and self.timer is not None and self.timer.pending:  # type: ignore[union-attr]
                 self.timer.resolve(rt)  # type: ignore[union-attr]
             rt.reserve(need, fi.name)
         override = {s: clone_storage(s.payload) for s in copies} if copies else None
@@ -274,7 +278,7 @@ class Front:
         """Run the op once (the first run draws from the program's random stream and advances it)."""
         t0 = time.perf_counter()
         if on_cuda:
-            start = self.timer.start()  # type: ignore[union-attr]
+            start = self.timer.start() if self.timer is not None else None
             out = retry_on_oom(self.rt, lambda: fi.func(*pargs, **pkwargs), need, rng)
             return out, time.perf_counter() - t0, start
         out = fi.func(*pargs, **pkwargs)

@@ -1,0 +1,59 @@
+"""What an op costs to recompute, from a model instead of a timer (``enable(costs="model")``).
+
+# NOTE [ Modelled costs ]
+#
+# 1. Timers around each call make eviction choices vary from run to run (the clock and the scores both
+#    come from them), so an outcome near the smallest budget can differ between two runs of one program.
+#    A modelled cost depends only on the op and its shapes: the same program at the same budget evicts and
+#    recomputes the same storages in every run.
+# 2. cost = FLOPs / rate + bytes moved / bandwidth. FLOPs come from PyTorch's own formulas
+#    (``torch.utils.flop_counter``: matmuls, convolutions, attention); bytes moved are the bytes of the
+#    op's tensor arguments and outputs. Only the ratio of the two rates matters to the policy: the clock
+#    advances by the same costs, so scaling them all scales cost and staleness alike.
+# 3. The rates are per device type, fixed (``RATES``), not measured, so that two machines of one kind, and
+#    two runs on one machine, agree. They are in the right order of magnitude for a 2-core CPU and an H100.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry
+
+# (FLOP/s, bytes/s) per device type: rule 3
+RATES = {"cpu": (2e10, 5e9), "cuda": (3e14, 2e12)}
+_NONE: Any = object()
+_FORMULA: dict[Any, Any] = {}  # OpOverload -> its FLOP formula or None
+
+
+def _bytes(xs: Any) -> int:
+    n = 0
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            n += x.nelement() * x.element_size()
+        elif type(x) is list or type(x) is tuple:
+            n += _bytes(x)
+    return n
+
+
+def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs of ``func(*args, **kwargs) -> out`` by PyTorch's formulas; 0 for ops without one."""
+    f = _FORMULA.get(func, _NONE)
+    if f is _NONE:
+        f = _FORMULA[func] = flop_registry.get(func._overloadpacket)
+    if f is None:
+        return 0
+    try:  # the registered formulas take the tensors themselves (they read the shapes)
+        return int(f(*args, out_val=out, **kwargs))
+    except Exception:  # a formula that does not take this overload's arguments: count bytes only
+        _FORMULA[func] = None
+        return 0
+
+
+def model_cost(func: Any, args: tuple, kwargs: dict, flat_out: list[Any], device: str) -> float:
+    """Seconds the op is modelled to take (rule 2)."""
+    rate, bandwidth = RATES.get(device, RATES["cuda"])
+    moved = _bytes(args) + _bytes(kwargs.values()) + _bytes(flat_out)
+    out = flat_out[0] if len(flat_out) == 1 else tuple(flat_out)
+    return flops(func, args, kwargs, out) / rate + moved / bandwidth
