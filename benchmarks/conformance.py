@@ -30,8 +30,14 @@ WHY = {
     "prod": "PyTorch's autograd computes the gradient of `prod` with a different formula when the tensors are a "
             "wrapper subclass. A trivial wrapper subclass without torch-dtr gives the same 2.98e-08 difference on "
             "float32 sample 1 (checked by hand, 2026-11-23): PyTorch's choice, not a recomputation error.",
-    "linalg.lstsq": "everything evicted: the recomputed solution differs from the first run by ~1e-6; not "
-                    "investigated yet (LAPACK's result may depend on the input's memory layout or on threads).",
+    "linalg.lstsq": "PyTorch computes a different solution (~1e-6 apart) when the inputs are a wrapper subclass "
+                    "and require grad: a trivial wrapper subclass without torch-dtr differs from plain on float32 "
+                    "samples 4 and (grad_oriented) 5 the same way (checked by hand, 2026-11-23). With everything "
+                    "evicted more samples differ (3, 15): not checked whether that is the same cause.",
+    "linalg.lstsq.grad_oriented": "as linalg.lstsq.",
+    "masked.prod": "as prod: its gradient through PyTorch's wrapper-subclass formula; a trivial wrapper subclass "
+                   "without torch-dtr gives the same gradients on float32 samples 16 and 18 (checked by hand, "
+                   "2026-11-23). Near zeros that formula differs by up to 32 on one value.",
 }
 
 
@@ -51,7 +57,8 @@ def main() -> int:
     wall = time.perf_counter() - t0
     lines = ["# Conformance on PyTorch's operator database", "",
              f"Run {datetime.date.today().isoformat()} on {platform.machine()}, torch {torch.__version__}, "
-             f"`python benchmarks/conformance.py{' --limit ' + str(a.limit) if a.limit else ''}` "
+             f"`python benchmarks/conformance.py{''.join(' --dtype ' + d for d in a.dtype or [])}"
+             f"{' --limit ' + str(a.limit) if a.limit else ''}` "
              f"({wall / 60:.0f} min).",
              "Each sample of `op_db` runs plain and under torch-dtr (no budget) with nothing evicted and with "
              "everything evicted after every op; outputs and gradients are compared bitwise (NaNs equal). "

@@ -64,7 +64,8 @@ class FuncInfo:
             a = match[0]
             rets.append((*where(a), bool(a.alias_info.is_write)))
         self.returns = tuple(rets)
-        self.fresh = any(r is None for r in rets)  # some output has storage of its own
+        # some output is a tensor with storage of its own (``.item()``'s ``_local_scalar_dense`` returns a number)
+        self.fresh = any(r is None and "Tensor" in str(sr.type) for r, sr in zip(rets, schema.returns, strict=True))
         self.random = _RANDOM in func.tags
         packet = func._overloadpacket.__name__
         self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE
