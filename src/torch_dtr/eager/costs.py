@@ -32,7 +32,10 @@ def _bytes(xs: Any) -> int:
     n = 0
     for x in xs:
         if isinstance(x, _Tensor):
-            n += x.nbytes
+            try:
+                n += x.nbytes
+            except RuntimeError:  # sparse layouts define no nbytes: count their values
+                n += x._nnz() * x.element_size() if x.is_sparse else 0
         elif type(x) is list or type(x) is tuple:
             n += _bytes(x)
     return n
