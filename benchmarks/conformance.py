@@ -29,22 +29,20 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "complex64": torch
 WHY = {
     "prod": "PyTorch's autograd computes the gradient of `prod` with a different formula when the tensors are a "
             "wrapper subclass. A trivial wrapper subclass without torch-dtr gives the same 2.98e-08 difference on "
-            "float32 sample 1 (checked by hand, 2026-11-23): PyTorch's choice, not a recomputation error.",
-    "linalg.lstsq": "PyTorch computes a different solution (~1e-6 apart) when the inputs are a wrapper subclass "
-                    "and require grad: a trivial wrapper subclass without torch-dtr differs from plain on float32 "
-                    "samples 4 and (grad_oriented) 5 the same way (checked by hand, 2026-11-23). With everything "
-                    "evicted more samples differ (3, 15): not checked whether that is the same cause.",
-    "linalg.lstsq.grad_oriented": "as linalg.lstsq. In complex64 the gradients differ by up to 53 and an output "
-                                  "by 101: a trivial wrapper subclass without torch-dtr differs the same way on "
-                                  "samples 0 and 2 (checked by hand, 2026-11-23).",
-    "pinverse": "complex64: a trivial wrapper subclass without torch-dtr gives the same output (1.59 away from "
-                "plain on sample 0, checked by hand, 2026-11-23): PyTorch computes the pseudo-inverse of a "
-                "complex subclass tensor differently.",
-    "linalg.pinv": "as pinverse (the same sample, the same 1.59).",
-    "linalg.pinv.singular": "as pinverse (a trivial wrapper subclass differs from plain on sample 1 too).",
-    "masked.prod": "as prod: its gradient through PyTorch's wrapper-subclass formula; a trivial wrapper subclass "
-                   "without torch-dtr gives the same gradients on float32 samples 16 and 18 (checked by hand, "
-                   "2026-11-23). Near zeros that formula differs by up to 32 on one value.",
+            "float32 sample 1 (tests/eager/test_conformance.py): PyTorch's choice, not a recomputation error.",
+    "masked.prod": "as prod: its gradient through PyTorch's wrapper-subclass formula; a do-nothing wrapper subclass "
+                   "without torch-dtr gives exactly torch-dtr's gradients on float32 samples 16 and 18 "
+                   "(tests/eager/test_conformance.py). Near zeros that formula differs by up to 32 on one value.",
+    "linalg.lstsq": "not explained. Differs by ~1e-6 in float32 (some samples only with everything evicted) and "
+                    "by up to 53 in complex64 gradients. A do-nothing wrapper subclass without torch-dtr also "
+                    "differs from plain on some of these samples, but torch-dtr's values are not the wrapper's "
+                    "(checked on float32 sample 4, 2026-11-23).",
+    "linalg.lstsq.grad_oriented": "as linalg.lstsq.",
+    "pinverse": "complex64, nothing evicted: not explained (output up to 1.59 away on sample 0). A do-nothing "
+                "wrapper subclass without torch-dtr is 1.59 away from plain too, but its values are not "
+                "torch-dtr's: a candidate torch-dtr bug with complex inputs, open.",
+    "linalg.pinv": "as pinverse.",
+    "linalg.pinv.singular": "as pinverse.",
 }
 
 
