@@ -38,9 +38,9 @@ WHY = {
                     "differs from plain on some of these samples, but torch-dtr's values are not the wrapper's "
                     "(checked on float32 sample 4, 2026-11-23).",
     "linalg.lstsq.grad_oriented": "as linalg.lstsq.",
-    "pinverse": "complex64, nothing evicted: not explained (output up to 1.59 away on sample 0). A do-nothing "
-                "wrapper subclass without torch-dtr is 1.59 away from plain too, but its values are not "
-                "torch-dtr's: a candidate torch-dtr bug with complex inputs, open.",
+    "pinverse": "complex64: a PyTorch bug. Under any TorchDispatchMode, even one that only calls the op (no "
+                "torch-dtr), torch.linalg.pinv of a complex64 matrix is wrong (A @ pinv(A) @ A differs from A by "
+                "3.2 on a 5x5 case); enable() installs such a mode (tests/eager/test_conformance.py).",
     "linalg.pinv": "as pinverse.",
     "linalg.pinv.singular": "as pinverse.",
 }
