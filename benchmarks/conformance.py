@@ -33,10 +33,10 @@ WHY = {
     "masked.prod": "as prod: its gradient through PyTorch's wrapper-subclass formula; a do-nothing wrapper subclass "
                    "without torch-dtr gives exactly torch-dtr's gradients on float32 samples 16 and 18 "
                    "(tests/eager/test_conformance.py). Near zeros that formula differs by up to 32 on one value.",
-    "linalg.lstsq": "not explained. Differs by ~1e-6 in float32 (some samples only with everything evicted) and "
-                    "by up to 53 in complex64 gradients. A do-nothing wrapper subclass without torch-dtr also "
-                    "differs from plain on some of these samples, but torch-dtr's values are not the wrapper's "
-                    "(checked on float32 sample 4, 2026-11-23).",
+    "linalg.lstsq": "complex64: PyTorch's, as pinverse: a do-nothing TorchDispatchMode alone gives the same "
+                    "different gradients (samples 0 and 2, checked by hand, 2026-11-23). float32 (~1e-6, mostly "
+                    "with everything evicted): not explained; a do-nothing mode does not reproduce it, so it may "
+                    "be torch-dtr's.",
     "linalg.lstsq.grad_oriented": "as linalg.lstsq.",
     "pinverse": "complex64: a PyTorch bug. Under any TorchDispatchMode, even one that only calls the op (no "
                 "torch-dtr), torch.linalg.pinv of a complex64 matrix is wrong (A @ pinv(A) @ A differs from A by "
