@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -379,42 +381,43 @@ class Front:
                 results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
         return results
 
-    def set_data(self, t: torch.Tensor, v: torch.Tensor) -> None:
-        """``t.data = v`` while enabled (NOTE [ Changed constants ] 4)."""
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """Hold the runtime for a call that is not an op (``run`` inlines the same for speed): the lock, the
+        busy flag (NOTE [ Threads ] 2), queued drops drained first."""
         with self.lock:
             was_busy, self.busy = self.busy, True
             try:
                 if self.pending:
                     self.drain()
-                if type(t) is not DTRTensor:
-                    self.before_write([t], "t.data = ...")
-                    self.consts.forget(t)
-                    _DATA.__set__(t, v._cell.front.unwrap(v._cell) if type(v) is DTRTensor else v)
-                    return
-                if type(v) is DTRTensor and v._cell.front is self:
-                    cell = Cell(self, v._cell.current(), v._cell.geom)
-                else:
-                    if type(v) is DTRTensor:
-                        v = v._cell.front.unwrap(v._cell)
-                    v = v.detach()
-                    nbytes = v.untyped_storage().nbytes()
-                    self.rt.reserve(nbytes, "t.data = ...")
-                    cell = Cell(self, self.rt.output(None, nbytes, v), None)  # pinned: shares v's memory
-                _DATA.__set__(t, DTRTensor(cell, v))  # t takes v's sizes and strides
-                t._cell = cell  # type: ignore[attr-defined]
+                yield
             finally:
                 self.busy = was_busy
 
+    def set_data(self, t: torch.Tensor, v: torch.Tensor) -> None:
+        """``t.data = v`` while enabled (NOTE [ Changed constants ] 4)."""
+        with self.entered():
+            if type(t) is not DTRTensor:
+                self.before_write([t], "t.data = ...")
+                self.consts.forget(t)
+                _DATA.__set__(t, v._cell.front.unwrap(v._cell) if type(v) is DTRTensor else v)
+                return
+            if type(v) is DTRTensor and v._cell.front is self:
+                cell = Cell(self, v._cell.current(), v._cell.geom)
+            else:
+                if type(v) is DTRTensor:
+                    v = v._cell.front.unwrap(v._cell)
+                v = v.detach()
+                nbytes = v.untyped_storage().nbytes()
+                self.rt.reserve(nbytes, "t.data = ...")
+                cell = Cell(self, self.rt.output(None, nbytes, v), None)  # pinned: shares v's memory
+            _DATA.__set__(t, DTRTensor(cell, v))  # t takes v's sizes and strides
+            t._cell = cell  # type: ignore[attr-defined]
+
     def plain_write(self, fi: FuncInfo, args: tuple, kwargs: dict) -> None:
         """An unmanaged op (the mode's plain path) is about to write its arguments in place."""
-        with self.lock:
-            was_busy, self.busy = self.busy, True
-            try:
-                if self.pending:
-                    self.drain()
-                self.before_write([fi.arg(m, args, kwargs) for m in fi.mutated], fi.name)
-            finally:
-                self.busy = was_busy
+        with self.entered():
+            self.before_write(_writes(fi, args, kwargs), fi.name)
 
     # ------------------------------------------------------------------ running ops the mode did not see
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -434,17 +437,11 @@ class Front:
 
     # ------------------------------------------------------------------ values
     def value(self, cell: Cell) -> torch.Tensor:
-        with self.lock:
-            was_busy, self.busy = self.busy, True
-            try:
-                if self.pending:
-                    self.drain()
-                s = cell.current()
-                if not s.resident:
-                    self.rt.rematerialize(s)
-                return view_of(s.payload, cell.geom)
-            finally:
-                self.busy = was_busy
+        with self.entered():
+            s = cell.current()
+            if not s.resident:
+                self.rt.rematerialize(s)
+            return view_of(s.payload, cell.geom)
 
     def peek(self, cell: Cell) -> torch.Tensor:
         """The value of a managed tensor for a moment's use (printing): the storage is not pinned."""
