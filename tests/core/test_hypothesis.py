@@ -116,9 +116,10 @@ def plan(prog: Program):
     return steps, values, sizes, consts + lo, consts + safe_core + max_out
 
 
-def execute(prog: Program, steps, values, budget: int | None, safe: int, policy: str, sample: bool):
+def execute(prog: Program, steps, values, budget: int | None, safe: int, policy: str, sample: bool,
+            remat: str = "plan"):
     """Run the program on a runtime; returns (values read, number of accepted BudgetErrors, driver)."""
-    d = Driver(budget, policy, sample_sqrt=sample)
+    d = Driver(budget, policy, sample_sqrt=sample, remat=remat)
     rt = d.rt
     raised_legit: list[bool] = []
     orig = rt._raise_budget
@@ -177,14 +178,14 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
     return seen, errors, d
 
 
-def _check_program(prog: Program, frac: float, policy: str, sample: bool) -> None:
+def _check_program(prog: Program, frac: float, policy: str, sample: bool, remat: str = "plan") -> None:
     steps, values, _, lo, safe = plan(prog)
     free_seen, free_err, free = execute(prog, steps, values, None, safe, policy, sample)
     assert free_err == 0 and free.rt.evictions == 0 and free.rt.rematerializations == 0
     peak = free.rt.stats().peak_bytes
     hi = max(peak, lo)
     budget = lo + round(frac * (hi - lo))
-    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample)
+    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, remat)
     assert seen == free_seen
     assert all(v == values[m] for m, v in seen)
     if budget >= safe:
@@ -201,18 +202,19 @@ SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],  # no slow "explain"
 )
+REMAT = ("plan", "stack")  # NOTE [ Planned rematerialization ] and the older locking stack
 FRAC = st.floats(0, 1).map(lambda f: f * f)  # where the budget lies in [lo, peak]: mostly tight
 
 
 @SETTINGS
-@given(programs(multi_output=False), FRAC, st.sampled_from(BUILTIN), st.booleans())
-def test_single_output_programs(prog: Program, frac: float, policy: str, sample: bool) -> None:
-    _check_program(prog, frac, policy, sample)
+@given(programs(multi_output=False), FRAC, st.sampled_from(BUILTIN), st.booleans(), st.sampled_from(REMAT))
+def test_single_output_programs(prog: Program, frac: float, policy: str, sample: bool, remat: str) -> None:
+    _check_program(prog, frac, policy, sample, remat)
 
 
 # Regression (was a bug): fails while _recompute can evict a resident sibling output and then bring it back
 # uncounted (see test_runtime.py::test_multi_output_rematerialization_respects_budget).
 @SETTINGS
-@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans())
-def test_multi_output_programs(prog: Program, frac: float, policy: str, sample: bool) -> None:
-    _check_program(prog, frac, policy, sample)
+@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans(), st.sampled_from(REMAT))
+def test_multi_output_programs(prog: Program, frac: float, policy: str, sample: bool, remat: str) -> None:
+    _check_program(prog, frac, policy, sample, remat)

@@ -328,6 +328,37 @@ def _flat(out):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def test_lstm_layer_size_prediction_is_never_below_its_workspace():
+    # mkldnn_rnn_layer's meta kernel says its training workspace is empty (NOTE [ Size prediction ] 5): the
+    # zoo's nn.LSTM went 277 KiB over its budget. The rule's bound must cover every shape, batch-first,
+    # bidirectional and stacked layers included.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torch_dtr.eager.funcinfo import info
+    from torch_dtr.eager.sizes import Sizes
+
+    sizes, seen = Sizes(), []
+
+    class Check(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mkldnn_rnn_layer.default:
+                seen.append((sizes.predict(info(func), args, kwargs or {}),
+                             sum(o.untyped_storage().nbytes() for o in out), tuple(args[0].shape)))
+            return out
+
+    torch.manual_seed(0)
+    shapes = [(1, 64, 512, 8, True, False), (1, 64, 1024, 300, True, True), (16, 1, 300, 64, True, True),
+              (50, 16, 256, 300, False, False), (3, 4, 16, 1024, False, True), (10, 4, 64, 32, True, False)]
+    for t, b, h, i, bf, bi in shapes:
+        lstm = torch.nn.LSTM(i, h, num_layers=2, batch_first=bf, bidirectional=bi)
+        with Check():
+            lstm(torch.randn((b, t, i) if bf else (t, b, i), requires_grad=True))
+    assert len(seen) == 18  # 2 layers x (1 or 2 directions) x 6 shapes
+    short = [s for s in seen if s[0] < s[1]]
+    assert not short, short
+
+
 def test_bincount_of_a_managed_tensor_keeps_the_budget_of_1200kb():
     # its output size is the largest value + 1: a bound from the input's size once let it reach 3.3x the budget
     torch.manual_seed(0)

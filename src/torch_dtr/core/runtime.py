@@ -84,6 +84,20 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 4. Reading a lost storage raises ``ConstantChangedError``. Only a write the front end did not see in
 #    advance can lose a held value (see its NOTE [ Changed constants ]).
 
+# NOTE [ The single-op floor ]
+#
+# 1. While an op runs, its inputs and outputs must be resident, and so must everything that cannot be
+#    evicted: constants (parameters, gradients, optimizer state, inputs the program holds as plain
+#    tensors) and pinned storages. The largest such sum over the ops of a program is a lower bound on any
+#    schedule's memory, recomputing or not: the single-op floor.
+# 2. ``ran`` starts the sum for each op (unevictable bytes now, plus its distinct unpinned inputs) and
+#    ``output`` adds each new storage; ``floor`` keeps the largest so far (``Stats.floor_bytes``), and
+#    ``BudgetError`` quotes it: a budget below it cannot be kept by any eviction policy.
+#    An op whose own reservation fails (nothing but constants, pinned storages and its own locked inputs
+#    left) sets the floor too, before the error is raised.
+# 3. It is measured on the run itself (under a budget, what is pinned can differ from an unlimited run).
+#    The exact smallest budget of a recorded step is the ILP's (``sim.checkmate``), where it solves.
+
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
 "op" (a driver finished an op; storage ``None``). It may raise to stop the program (e.g. a thrash cap)."""
@@ -102,6 +116,8 @@ class Stats:
     search_seconds: float
     ops: int  # ops run by the driver (managed ops of the program)
     live_storages: int  # records held (resident or evicted)
+    floor_bytes: int = 0  # the single-op floor so far (NOTE [ The single-op floor ])
+    floor_op: str = ""  # the op that set it
 
 
 def _sid(s: Storage) -> int:
@@ -120,10 +136,14 @@ class Runtime:
         victim: Drop | None = None,
         extra_usage: Callable[[], int] | None = None,
         seed: int = 0,
+        remat: str = "plan",
     ) -> None:
+        if remat not in ("plan", "stack"):
+            raise ValueError(f"torch_dtr: remat must be 'plan' or 'stack', got {remat!r}")
         if budget is not None and budget < 0:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
+        self.remat = remat  # how evicted ancestors are brought back (rematerialize)
         self.peak_limit = budget  # the largest budget in force since the peak was last reset (check())
         self.policy = get_policy(policy)
         self.tracker = TRACKERS[self.policy.extra]()
@@ -143,6 +163,11 @@ class Runtime:
         self.remat_cost = 0.0  # summed recipe cost of rematerializations (the simulator's overhead)
         self.scored = 0  # candidates scored by the eviction search (policy metadata accesses)
         self.listeners: list[Listener] = []
+        self.floor = 0  # NOTE [ The single-op floor ]
+        self.floor_op = ""
+        self._need = 0  # what the op being run needs resident: the unevictable bytes, its inputs, outputs
+        self._need_op = ""
+        self._recomputing = False  # reserve() is making room for a recomputation
 
     # ------------------------------------------------------------------ observers
     def listen(self, fn: Listener) -> Callable[[], None]:
@@ -165,7 +190,9 @@ class Runtime:
         to be handed to ``release`` when the op is done (also when it raised).
 
         The resident ones are locked first, so that rematerializing the others cannot evict them; then the
-        others are rematerialized in order (bringing one back may already have brought back another).
+        others are rematerialized in order (bringing one back may already have brought back another). If
+        that cannot keep the budget, the locks are dropped and all of them are brought back together by one
+        plan whose steps may evict the resident ones (``bring``; NOTE [ Planned rematerialization ] 4).
         ``resident_first=False`` instead rematerializes and locks one storage after the other, in order, as
         the DTR authors' simulator does (``sim.replay`` follows it so that its overheads compare with theirs).
         """
@@ -178,11 +205,22 @@ class Runtime:
                     held.append(s)
                 else:
                     missing.append(s)
+            plan = resident_first and self.remat == "plan"
             for s in missing:
                 if not s.resident:
-                    self.rematerialize(s)
+                    if plan:
+                        self.bring([s])
+                    else:
+                        self.rematerialize(s)
                 s.locks += 1
                 held.append(s)
+        except BudgetError:
+            self.release(held)
+            if not (missing and resident_first and self.remat == "plan"):
+                raise
+            self.bring(storages, hold=False)  # may raise BudgetError again, with nothing locked
+            held = list(storages)
+            self.lock(held)
         except BaseException:
             self.release(held)
             raise
@@ -200,6 +238,16 @@ class Runtime:
         self.ops += 1
         self.clock += cost
         now = self.clock
+        need = self.memory.tracked - self.candidate_bytes  # constants and pinned storages
+        seen: set[Storage] | None = set() if len(inputs) > 1 else None
+        for s in inputs:
+            if not s.pinned and (seen is None or s not in seen):
+                need += s.nbytes
+                if seen is not None:
+                    seen.add(s)
+        self._need, self._need_op = need, name
+        if need > self.floor:
+            self.floor, self.floor_op = need, name
         if compute is None:
             for s in inputs:
                 s.last_access = now
@@ -215,6 +263,9 @@ class Runtime:
         """A new resident storage produced by ``op``; with ``op=None`` it is pinned (never recomputed)."""
         s = self._storage(op, nbytes, payload)
         self.memory.alloc(s)
+        self._need += nbytes
+        if self._need > self.floor:
+            self.floor, self.floor_op = self._need, self._need_op
         return s
 
     def _storage(self, op: Op | None, nbytes: int, payload: Any) -> Storage:
@@ -458,6 +509,13 @@ class Runtime:
         held = self.memory.tracked
         locked = sum(s.nbytes for s in self.candidates if s.locks)
         need = held + nbytes
+        if not self._recomputing and need > self.floor:  # the driver's op: its inputs are what is locked
+            self.floor, self.floor_op = need, where
+        floor = ""
+        if self.floor:
+            below = "below it no schedule can run" if self.floor > self.budget else "the budget is above it"  # type: ignore[operator]
+            floor = (f" The program's single-op floor so far is {fmt_bytes(self.floor)}"
+                     f"{' (' + self.floor_op + ')' if self.floor_op else ''}: {below}.")
         raise BudgetError(
             f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept: "
             f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(self.memory.constants)}, "
@@ -465,8 +523,18 @@ class Runtime:
             f"{fmt_bytes(held - self.memory.constants - locked)}) and {where or 'the op'} needs "
             f"{fmt_bytes(nbytes)} more; "
             f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here, e.g. "
-            f"torch_dtr.enable(budget={math.ceil(need * 1.1)})"
+            f"torch_dtr.enable(budget={math.ceil(need * 1.1)}).{floor}"
         )
+
+    def _raise_undone(self, roots: Sequence[Storage], ran: int, planned: int) -> None:
+        need = sum(r.nbytes for r in roots)
+        raise BudgetError(
+            f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept while bringing back "
+            f"{len(roots)} evicted value(s) of {fmt_bytes(need)}: their plan of {planned} recomputations needs more "
+            f"than the budget while it holds its values, and without holding them the policy evicted them again "
+            f"before their readers ran ({ran} recomputations, then it gave up; constants "
+            f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). Raise the "
+            f"budget, e.g. torch_dtr.enable(budget={math.ceil(max(self.budget or 0, self.floor) * 1.25)})")
 
     def _choose(self) -> Storage | None:
         t0 = time.perf_counter()
@@ -513,10 +581,176 @@ class Runtime:
             s.locks -= 1
 
     def rematerialize(self, target: Storage) -> None:
-        """Make ``target`` resident again, recomputing evicted inputs first (an explicit stack, no recursion;
-        NOTE [ Locks during rematerialization ])."""
+        """Make ``target`` resident again, recomputing its evicted ancestors first (no recursion).
+
+        ``remat="plan"`` (the default): NOTE [ Planned rematerialization ]; ``"stack"``: NOTE [ Locks
+        during rematerialization ] (the DTR authors' simulator's memory behaviour)."""
         if target.resident:
             return
+        if self.remat == "stack":
+            self._remat_stack(target)
+            return
+        try:
+            self.bring([target])
+        except BudgetError:
+            self.bring([target], hold=False)
+
+    def _recipe(self, s: Storage) -> Op:
+        """``s``'s recipe, which must be able to run (else ``ConstantChangedError`` or ``InternalError``)."""
+        op = s.op
+        if op is not None and op.why is not None and not s.released:
+            raise ConstantChangedError(
+                f"torch_dtr: cannot recompute the output of {op.name or 'an op'} ({s}): it was "
+                f"evicted, and then {op.why}. Read values before such a change, or keep them with "
+                f"torch_dtr.unwrap(t).")
+        if op is None or op.compute is None or s.released:
+            internal_assert(False, f"cannot rematerialize {s}: it has no recipe")
+        return op  # type: ignore[return-value]
+
+    def plan(self, roots: Sequence[Storage]) -> list[Storage]:
+        """The evicted storages to recompute, in order, to make ``roots`` resident: one per recipe (each
+        recipe recomputes all its missing outputs), every one after the evicted inputs of its recipe, and
+        of several evicted inputs the one with the longest evicted chain below it first, so that each
+        value waits as briefly as possible for its reader (NOTE [ Planned rematerialization ] 2)."""
+        # 1. the evicted ancestors (one storage per recipe)
+        first: dict[Op, Storage] = {}
+        work = [s for s in roots if not s.resident]
+        while work:
+            s = work.pop()
+            op = self._recipe(s)
+            if op in first:
+                continue
+            first[op] = s
+            work.extend(i for i in op.inputs if not i.resident)
+        # 2. depth: the longest chain of evicted recipes below each; inputs are older than outputs, so
+        # ascending storage ids is a topological order
+        depth: dict[Op, int] = {}
+        for op in sorted(first, key=lambda o: first[o].sid):
+            depth[op] = 1 + max((depth[i.op] for i in op.inputs if not i.resident), default=0)  # type: ignore[index]
+
+        def order(op: Op) -> list[Storage]:  # evicted inputs; the next to visit (deepest, then oldest) last
+            ins = [i for i in op.inputs if not i.resident]
+            ins.sort(key=lambda i: (depth[i.op], -i.sid))  # type: ignore[index]
+            return ins
+
+        # 3. post-order from the roots, deepest input first
+        out: list[Storage] = []
+        done: set[Op] = set()
+        for root in roots:
+            if root.resident or root.op in done:
+                continue
+            stack: list[tuple[Storage, list[Storage]]] = [(root, order(root.op))]  # type: ignore[arg-type]
+            while stack:
+                s, ins = stack[-1]
+                while ins and ins[-1].op in done:
+                    ins.pop()
+                if ins:
+                    i = ins.pop()
+                    stack.append((i, order(i.op)))  # type: ignore[arg-type]
+                    continue
+                stack.pop()
+                if s.op not in done:
+                    done.add(s.op)  # type: ignore[arg-type]
+                    out.append(s)
+        return out
+
+    def bring(self, roots: Sequence[Storage], *, hold: bool = True) -> None:
+        """Make every storage of ``roots`` resident at once, locking nothing on return (the caller locks
+        them before anything else runs): NOTE [ Planned rematerialization ].
+
+        ``hold=True``: each recomputed value stays locked until the last step of the plan that reads it
+        has run (no value is computed twice, but the plan's live values cannot make room). ``hold=False``:
+        nothing is locked between steps, so the policy may evict a planned value again; a step that finds
+        an input missing a second time locks the others it has, and a plan that keeps being undone gives up
+        with ``BudgetError`` (rule 4)."""
+        missing = [r for r in roots if not r.resident]
+        if not missing:
+            return
+        if len(missing) == 1 and (hold or len(roots) == 1):
+            op = self._recipe(missing[0])
+            if all(i.resident for i in op.inputs):  # the common case: one recipe, its inputs resident
+                keep = [*op.inputs, *(r for r in roots if r.resident)] if len(roots) > 1 else op.inputs
+                self.lock(keep)
+                try:
+                    self._recompute(op)
+                finally:
+                    self.unlock(keep)
+                return
+        # a step is a storage to recompute, or None: the caller's op, which reads ``roots``
+        steps: list[Storage | None] = [None]
+        pending: dict[Storage, int] = dict.fromkeys(roots, 1)  # storage -> pending steps that read it
+        limit = 4 * (self._push(steps, pending, missing) + 8)  # steps run before giving up (hold=False)
+        tries: dict[Storage | None, int] = {}
+        held: dict[Storage | None, list[Storage]] = {}  # locks a retried step keeps until it runs
+        kept: set[Storage] = set()  # hold=True: recomputed values locked until their last planned reader
+        brought: dict[Storage, None] = {}  # recomputed on the way, the roots excepted
+        rootset = set(roots)
+        ran = 0
+        try:
+            while steps:
+                s = steps[-1]
+                if s is None or not s.resident:
+                    op = None if s is None else self._recipe(s)
+                    ins = roots if op is None else op.inputs
+                    missing = [i for i in ins if not i.resident]
+                    if missing:  # evicted since it was planned, or since it was recomputed
+                        n = tries[s] = tries.get(s, 0) + 1
+                        if n > 1:
+                            keep = held.setdefault(s, [])
+                            for i in ins:
+                                if i.resident and i not in keep:
+                                    i.locks += 1
+                                    keep.append(i)
+                        self._push(steps, pending, missing)
+                        continue
+                    if op is not None:
+                        ran += 1
+                        if not hold and ran > limit:
+                            self._raise_undone(roots, ran, limit // 4 - 8)
+                        self.lock(ins)
+                        try:
+                            self._recompute(op)
+                        finally:
+                            self.unlock(ins)
+                        for o in op.outputs:
+                            if o.resident and o not in rootset:
+                                brought[o] = None
+                                if hold and o not in kept and pending.get(o, 0) > 0:
+                                    o.locks += 1
+                                    kept.add(o)
+                steps.pop()
+                self.unlock(held.pop(s, ()))
+                for i in roots if s is None else s.op.inputs:  # type: ignore[union-attr]
+                    left = pending[i] = pending[i] - 1
+                    if left == 0:
+                        if i in kept:
+                            kept.discard(i)
+                            i.locks -= 1
+                        if i in brought:
+                            self._drop_brought(i)
+        finally:
+            for keep in held.values():
+                self.unlock(keep)
+            self.unlock(list(kept))
+            for s in brought:  # rule 2
+                self._drop_brought(s)
+
+    def _push(self, steps: list[Storage | None], pending: dict[Storage, int], missing: list[Storage]) -> int:
+        plan = self.plan(missing)
+        for m in plan:
+            for i in m.op.inputs:  # type: ignore[union-attr]
+                pending[i] = pending.get(i, 0) + 1
+        steps.extend(reversed(plan))
+        return len(plan)
+
+    def _drop_brought(self, s: Storage) -> None:
+        """Evict ``s`` if nothing holds it and every reader's outputs are resident (rule 2 of both NOTEs)."""
+        if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
+                and all(o.resident or o.released for c in s.children for o in c.outputs)):
+            self._evict(s, "drop")
+
+    def _remat_stack(self, target: Storage) -> None:
+        """NOTE [ Locks during rematerialization ]."""
         # frame: [storage, locks held for its recipe, index of the frame that asked for it]
         frames: list[tuple[Storage, list[Storage], int]] = [(target, [], -1)]
         brought: list[Storage] = []  # storages recomputed on the way to the target (rule 6)
@@ -524,14 +758,7 @@ class Runtime:
             while frames:
                 s, held, parent = frames[-1]
                 if not s.resident:
-                    op = s.op
-                    if op is not None and op.why is not None and not s.released:
-                        raise ConstantChangedError(
-                            f"torch_dtr: cannot recompute the output of {op.name or 'an op'} ({s}): it was "
-                            f"evicted, and then {op.why}. Read values before such a change, or keep them with "
-                            f"torch_dtr.unwrap(t).")
-                    if op is None or op.compute is None or s.released:
-                        internal_assert(False, f"cannot rematerialize {s}: it has no recipe")
+                    op = self._recipe(s)
                     missing = [i for i in op.inputs if not i.resident]
                     if missing:  # the oldest on top of the stack: see rule 5
                         me = len(frames) - 1
@@ -556,17 +783,17 @@ class Runtime:
             raise
         finally:
             for s in brought:  # rule 6
-                if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
-                        and all(o.resident or o.released for c in s.children for o in c.outputs)):
-                    self._evict(s, "drop")
+                self._drop_brought(s)
 
     def _recompute(self, op: Op) -> None:
         siblings = [o for o in op.outputs if o.resident]
         self.lock(siblings)  # reserve() must not evict an output that compute() is about to bring back
+        self._recomputing = True
         try:
             self.reserve(sum(o.nbytes for o in op.outputs if not o.resident and not o.released),
                          f"recomputing {op.name or 'an op'}")
         finally:
+            self._recomputing = False
             self.unlock(siblings)
         t0 = time.perf_counter()
         payloads = op.compute()  # type: ignore[misc]
@@ -604,6 +831,8 @@ class Runtime:
             search_seconds=self.search_seconds,
             ops=self.ops,
             live_storages=len(self.live),
+            floor_bytes=self.floor,
+            floor_op=self.floor_op,
         )
 
     def reset_peak(self) -> None:

@@ -306,14 +306,14 @@ class Front:
         """Tell the runtime the op ran; its recipe when it made storages and can be replayed."""
         rt = self.rt
         if not (fresh or written):  # views and in-place returns only: no clock advance
-            rt.ran(ins, 0.0)
+            rt.ran(ins, 0.0, None, fi.name)
             return None, None
         replayable = fi.replayable
         if replayable and fi.cross_device and refs:
             dev = refs[0].storage.payload.device
             replayable = all(not isinstance(o, torch.Tensor) or o.device == dev for o in flat)
         if not replayable:
-            rt.ran(ins, cost)
+            rt.ran(ins, cost, None, fi.name)
             return None, None
         scratch = _EMPTY
         kept: list[tuple[torch.Tensor, int]] = []

@@ -6,7 +6,8 @@ import torch
 
 _RANDOM = torch.Tag.nondeterministic_seeded
 # ops that alias an input without saying so in their schema
-_UNANNOTATED_VIEWS = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put"}
+_UNANNOTATED_VIEWS = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put", "unsafe_split", "unsafe_split_with_sizes",
+                      "unsafe_chunk"}
 # ops whose outputs we never evict: replaying them would repeat a side effect or cross devices
 _NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense"}
 # ops that may copy across devices: replayable only when the output stays on the input's device
