@@ -23,6 +23,10 @@ import torch_dtr
 MODES = ("nothing_evicted", "all_evicted")
 # ops whose output values are undefined (uninitialized memory): only dtypes and shapes are compared
 UNDEFINED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
+# ops whose values differ from run to run in plain PyTorch: compared within a tolerance (rtol = atol = 1e-4).
+# linalg.lstsq's default CPU driver reads an uninitialized pivot array (pytorch/pytorch#187411): 13 of 20
+# plain runs of one float32 sample differed from the first by up to 1.4e-6 (2026-11-24).
+NONDETERMINISTIC = {"linalg.lstsq", "linalg.lstsq.grad_oriented"}
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,9 @@ def _evict_all(kind: str, _s: Any) -> None:
                 rt.evict(s)
 
 
-def _same(a: torch.Tensor | None, b: torch.Tensor | None, values: bool = True) -> str:
-    """'' when bitwise equal (NaNs equal), else what differs; ``values=False``: dtypes and shapes only."""
+def _same(a: torch.Tensor | None, b: torch.Tensor | None, values: bool = True, close: bool = False) -> str:
+    """'' when bitwise equal (NaNs equal), else what differs; ``values=False``: dtypes and shapes only;
+    ``close``: equal within ``NONDETERMINISTIC``'s tolerance."""
     if a is None or b is None:
         return "" if a is None and b is None else "one gradient is None"
     if a.layout != torch.strided:
@@ -110,6 +115,8 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None, values: bool = True) -
     if a.dtype == torch.complex32:  # no comparison kernels for it on CPU
         a, b = a.to(torch.complex64), b.to(torch.complex64)
     if torch.equal(a, b):
+        return ""
+    if close and (a.is_floating_point() or a.is_complex()) and torch.allclose(a, b, 1e-4, 1e-4, equal_nan=True):
         return ""
     if a.is_floating_point() or a.is_complex():
         same = (a == b) | (a.isnan() & b.isnan())
@@ -140,12 +147,13 @@ def check(op: Any, sample: Any, mode: str) -> tuple[str, str]:
     if len(got_out) != len(want_out) or len(got_grad) != len(want_grad):
         return "differs", f"{len(got_out)} outputs / {len(got_grad)} grads vs plain {len(want_out)} / {len(want_grad)}"
     values = name(op) not in UNDEFINED
+    close = name(op) in NONDETERMINISTIC
     for i, (a, b) in enumerate(zip(want_out, got_out, strict=True)):
-        why = _same(a, b, values)
+        why = _same(a, b, values, close)
         if why:
             return "differs", f"output {i}: {why}"
     for i, (a, b) in enumerate(zip(want_grad, got_grad, strict=True)):
-        why = _same(a, b)
+        why = _same(a, b, True, close)
         if why:
             return "differs", f"gradient {i}: {why}"
     return "equal", ""

@@ -96,8 +96,8 @@ def _run_wrapped(op, sample):
 
 # docs/conformance.md's differing samples: a do-nothing wrapper subclass already differs from plain PyTorch
 # there, and torch-dtr (nothing evicted) gives exactly the wrapper's values: PyTorch's subclass path
-# (linalg.lstsq and the complex pseudo-inverse are not in this list: there torch-dtr's values differ from the
-# wrapper's as well, not explained yet; docs/conformance.md)
+# (the complex pseudo-inverse is not in this list: any TorchDispatchMode makes it wrong, below; float32
+# linalg.lstsq differs from run to run in plain PyTorch itself: conformance.NONDETERMINISTIC)
 SUBCLASS_CASES = [("masked.prod", "", torch.float32, 16), ("masked.prod", "", torch.float32, 18)]
 
 
@@ -156,3 +156,28 @@ def test_complex_pinv_under_enable_matches_plain():
     finally:
         torch_dtr.disable()
     assert torch.equal(got, want)
+
+
+def test_lstsq_outputs_are_never_recomputed():
+    # linalg.lstsq's CPU driver gives other solutions from run to run in plain PyTorch (an uninitialized pivot
+    # array, pytorch/pytorch#187411), so a recomputation could change a value the program already read: its
+    # outputs are pinned (funcinfo._NOT_REPLAYABLE) and every read after evicting everything returns them.
+    import torch_dtr
+
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 4, requires_grad=True), torch.randn(6, 2)
+    torch_dtr.enable()
+    try:
+        rt = torch_dtr.runtime()
+        out = torch.linalg.lstsq(a * 1.0, b)
+        first = torch_dtr.unwrap(out.solution).clone()
+        for s in list(rt.candidates):
+            rt.evict(s)
+        remats: list[str] = []
+        torch_dtr.listen(lambda kind, s: remats.append(s.op.name) if kind == "remat" and s.op else None)
+        again = torch_dtr.unwrap(out.solution * 1.0)
+        assert torch.equal(again, first)
+        assert not any("lstsq" in n for n in remats), remats
+        assert rt.evictions > 0  # a * 1.0 was evicted; the solution was not
+    finally:
+        torch_dtr.disable()

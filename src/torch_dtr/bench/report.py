@@ -120,6 +120,11 @@ def _workload(name: str, w: dict, img: Path, out: Path) -> list[str]:
               f"step. Smallest feasible budget found by bisection: {search['min_ratio']:.1%} of it "
               f"({search['probes']} probes; a budget trains if one step completes without BudgetError and with "
               f"at most 3 recomputations per op).", ""]
+    if search.get("single_op_floor"):
+        f = search["single_op_floor"]
+        lines += [f"Single-op floor (constants and pinned storages plus the largest op's inputs and outputs; no "
+                  f"schedule runs below it): {_mib(f)} MiB, {f / search['peak_tracked']:.1%} of the peak; the "
+                  f"smallest feasible budget is {search['min_budget'] / f:.2f}x of it (target: <= 1.25x).", ""]
     if search.get("floor"):
         lines += [f"What sets that floor: at {_mib(search['floor_budget'])} MiB a step failed with "
                   f"`{search['floor'][:600]}`", ""]

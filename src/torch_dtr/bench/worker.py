@@ -75,15 +75,15 @@ def _train(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict
     return {"step_s": statistics.median(times), "step_times": times, "losses": losses}
 
 
-def _tracked_peak(model: torch.nn.Module, batch: Any, step: Any) -> tuple[int, int]:
-    """Peak tracked bytes and ops of one step under torch-dtr with no budget (the runtime's accounting)."""
+def _tracked_peak(model: torch.nn.Module, batch: Any, step: Any) -> tuple[int, int, int]:
+    """Peak tracked bytes, ops and the single-op floor of one step under torch-dtr with no budget."""
     torch_dtr.enable(budget=None)
     try:
         step(model, batch)
         st = torch_dtr.stats()
     finally:
         torch_dtr.disable()
-    return st.peak_bytes, st.ops
+    return st.peak_bytes, st.ops, st.floor_bytes
 
 
 def run(spec: dict) -> dict:
@@ -134,7 +134,7 @@ def run(spec: dict) -> dict:
         return res
     if kind in ("plain", "ckpt_block", "ckpt_sqrt"):
         try:
-            res["peak_tracked"], res["ops"] = _tracked_peak(model, batches[-1], step)
+            res["peak_tracked"], res["ops"], res["single_op_floor"] = _tracked_peak(model, batches[-1], step)
         except Exception as e:  # the accounting run is an extra; never lose the timing for it
             res["tracked_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     return res
@@ -157,7 +157,7 @@ def _feasible(model: torch.nn.Module, batch: Any, step: Any, budget: int, max_re
 def _search(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
     # the peak over every batch of the run (the dynamic workload's batches differ in length)
     peaks = [_tracked_peak(model, b, step) for b in batches]
-    peak, ops = max(p for p, _ in peaks), max(o for _, o in peaks)
+    peak, ops, floor = max(p[0] for p in peaks), max(p[1] for p in peaks), max(p[2] for p in peaks)
     cap = spec.get("remat_per_op", 3) * ops
     lo, hi = 0, peak  # lo infeasible (nothing fits in 0 bytes), hi feasible
     tol = max(1, int(peak * spec.get("tolerance", 0.01)))
@@ -172,7 +172,7 @@ def _search(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dic
         if fail:
             why = fail
     return {"peak_tracked": peak, "ops": ops, "min_budget": hi, "min_ratio": hi / peak, "probes": probes,
-            "floor": why, "floor_budget": lo}
+            "floor": why, "floor_budget": lo, "single_op_floor": floor}
 
 
 def _scale(spec: dict, step_unused: Any) -> dict:
@@ -181,7 +181,7 @@ def _scale(spec: dict, step_unused: Any) -> dict:
     steps = spec["warmup"] + spec["steps"]
     model, batches, step = workloads.build(spec["workload"], base, steps)
     plain = _train(spec | {"label": "scale plain x1"}, model, batches, step)
-    budget, _ = _tracked_peak(model, batches[0], step)
+    budget = _tracked_peak(model, batches[0], step)[0]
     out: dict[str, Any] = {"budget": budget, "base_batch": base.batch, "plain_step_s": plain["step_s"],
                            "plain_throughput": base.batch / plain["step_s"], "tries": []}
     for mult in spec.get("multiples", (2, 3, 4)):

@@ -13,7 +13,7 @@ talks to it only through these verbs, and never writes a record's fields:
         rt.release(held)                       # unlock
     rt.add_ref(s) / rt.drop_ref(s)             # handles (tensors, log names) on a storage
 
-plus ``new_version`` (in-place writes), ``add_constant``, ``pin``, ``get``/``rematerialize``, ``evict``,
+plus ``new_version`` (in-place writes), ``add_constant``, ``pin``, ``get``/``rematerialize``/``bring``, ``evict``,
 ``evict_some`` (out-of-memory retries), ``set_cost``, ``set_budget``, ``stranded``/``invalidate`` (an input
 of recipes changed) and ``listen`` (observers of its events).
 """
@@ -66,6 +66,31 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    rematerialization is done, those whose every reader's outputs are resident again are dropped at once
 #    (as NOTE [ Lifetimes ] 3). One with a reader still evicted stays, to the policy.
 # Why each rule is there, with the measurements: docs/design.md (Rematerialization).
+
+# NOTE [ Planned rematerialization ]
+#
+# The default (``remat="plan"``); NOTE [ Locks during rematerialization ] is the older stack
+# (``remat="stack"``), kept for comparisons: on the shared DTR logs both give the same outcome for the
+# default policy at ratios 0.2-0.9.
+# 1. ``plan(roots)`` lists the evicted ancestors to recompute, one step per recipe, each after its evicted
+#    inputs (post-order), visiting of several evicted inputs the one with the longest evicted chain below
+#    it first (ties: the oldest), so that each value waits as briefly as possible for its reader: in a
+#    recurrence whose side inputs are older than its chain the stack held one side input per step, the plan
+#    holds O(1) (tests/core/test_planned_remat.py).
+# 2. A recomputed value without handles is dropped as soon as its last reader in the plan has run, if every
+#    reader's outputs are resident (as rule 6 of the stack): the end of an evicted chain comes back with
+#    two links resident at a time.
+# 3. ``bring(roots)`` runs the plan so that every root is resident at the end. First holding (``hold=True``):
+#    each recomputed value stays locked until its last planned reader has run; a resident input evicted
+#    meanwhile makes its step find it missing and plan it again (locked this time, so this ends).
+# 4. If that cannot keep the budget, the caller (``acquire``, ``rematerialize``) drops every lock, its own
+#    op's resident inputs included, and runs the plan without holding: the policy may evict any planned
+#    value, even one the next step reads; a step that finds an input missing plans it again, and from its
+#    second try locks its other resident inputs until it runs (each try locks more, so it ends). Planned
+#    values are freshly used, so the policy picks them last. A plan that runs more than 4 x (its first
+#    length + 8) recomputations gives up with ``BudgetError`` (``_raise_undone``) instead of thrashing.
+# 5. Why held first: unheld, the policy may evict a stale input of the op in flight to recompute another,
+#    and then recompute it; held, nothing is computed twice. Unheld only runs where held fails.
 
 # NOTE [ Changed inputs ]
 #
@@ -744,7 +769,8 @@ class Runtime:
         return len(plan)
 
     def _drop_brought(self, s: Storage) -> None:
-        """Evict ``s`` if nothing holds it and every reader's outputs are resident (rule 2 of both NOTEs)."""
+        """Evict ``s`` if nothing holds it and every reader's outputs are resident (NOTE [ Planned
+        rematerialization ] 2, stack rule 6)."""
         if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
                 and all(o.resident or o.released for c in s.children for o in c.outputs)):
             self._evict(s, "drop")

@@ -8,8 +8,11 @@ _RANDOM = torch.Tag.nondeterministic_seeded
 # ops that alias an input without saying so in their schema
 _UNANNOTATED_VIEWS = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put", "unsafe_split", "unsafe_split_with_sizes",
                       "unsafe_chunk"}
-# ops whose outputs we never evict: replaying them would repeat a side effect or cross devices
-_NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense"}
+# ops whose outputs we never evict: replaying them would repeat a side effect or cross devices, or give
+# another value: linalg_lstsq's CPU "gelsy" driver (the default) reads an uninitialized pivot array, so the
+# same call can return other solutions, even another rank (pytorch/pytorch#71222, #187411; fixed upstream
+# after torch 2.13 by pytorch/pytorch#187436)
+_NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense", "linalg_lstsq"}
 # ops that may copy across devices: replayable only when the output stays on the input's device
 # arguments that batch-norm kernels update in training mode, whether or not the schema marks them written
 _RUNNING_STATS = {"running_mean", "running_var"}
