@@ -33,15 +33,17 @@ WHY = {
     "masked.prod": "as prod: its gradient through PyTorch's wrapper-subclass formula; a do-nothing wrapper subclass "
                    "without torch-dtr gives exactly torch-dtr's gradients on float32 samples 16 and 18 "
                    "(tests/eager/test_conformance.py). Near zeros that formula differs by up to 32 on one value.",
-    "linalg.lstsq": "complex64 gradients: PyTorch's, as pinverse: a do-nothing TorchDispatchMode alone gives the "
-                    "same different gradients (samples 0 and 2, checked by hand, 2026-11-23). float32/float64 "
-                    "(~1e-6): plain PyTorch's own nondeterminism: the CPU gelsy driver reads an uninitialized "
-                    "pivot array (pytorch/pytorch#187411): 13 of 20 plain runs of one sample differ from the first. "
-                    "Compared within 1e-4 (conformance.NONDETERMINISTIC), and never recomputed by torch-dtr.",
+    "linalg.lstsq": "complex64: a PyTorch bug under any TorchDispatchMode (the mode excludes the Conjugate key, and "
+                    "the kernel's residuals r.mul_(r.conj()) come out as r^2); fixed in torch-dtr on 2026-11-23 by "
+                    "switching the key back on for complex ops (NOTE [ Conjugate and negative keys ]). float32/"
+                    "float64 (~1e-6): plain PyTorch's own nondeterminism: the CPU gelsy driver reads an "
+                    "uninitialized pivot array (pytorch/pytorch#187411): compared within 1e-4 "
+                    "(conformance.NONDETERMINISTIC), and never recomputed by torch-dtr.",
     "linalg.lstsq.grad_oriented": "as linalg.lstsq.",
-    "pinverse": "complex64: a PyTorch bug. Under any TorchDispatchMode, even one that only calls the op (no "
-                "torch-dtr), torch.linalg.pinv of a complex64 matrix is wrong (A @ pinv(A) @ A differs from A by "
-                "3.2 on a 5x5 case); enable() installs such a mode (tests/eager/test_conformance.py).",
+    "pinverse": "complex64: a PyTorch bug (pytorch/pytorch#198118): under any TorchDispatchMode the Conjugate key is "
+                "excluded and pinv's kernel multiplies a lazy conjugate view of its own (Vh.mH() * S): wrong by up "
+                "to 4.9. Fixed in torch-dtr on 2026-11-23 (NOTE [ Conjugate and negative keys ]); rows from older "
+                "runs show it.",
     "linalg.pinv": "as pinverse.",
     "linalg.pinv.singular": "as pinverse.",
 }

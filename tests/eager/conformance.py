@@ -25,7 +25,7 @@ MODES = ("nothing_evicted", "all_evicted")
 UNDEFINED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
 # ops whose values differ from run to run in plain PyTorch: compared within a tolerance (rtol = atol = 1e-4).
 # linalg.lstsq's default CPU driver reads an uninitialized pivot array (pytorch/pytorch#187411): 13 of 20
-# plain runs of one float32 sample differed from the first by up to 1.4e-6 (2026-11-24).
+# plain runs of one float32 sample differed from the first by up to 1.4e-6 (2026-11-23).
 NONDETERMINISTIC = {"linalg.lstsq", "linalg.lstsq.grad_oriented"}
 
 

@@ -106,6 +106,9 @@ class TooMuchRecomputation(RuntimeError):
     """A run passed its cap on rematerializations (the policy is thrashing at this budget)."""
 
 
+REMAT = "plan"  # enable(remat=...) of every run (benchmarks/floors.py --remat stack compares the older way)
+
+
 def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True,
             max_remats: int | None = None, costs: str = "model") -> RunResult:
     """Train under ``torch_dtr.enable(budget)``. The model is built while enabled (its parameters must stay
@@ -117,7 +120,7 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
     with ``TooMuchRecomputation`` once that many recipes have been run again."""
     assert not torch_dtr.enabled()
     gc.collect()
-    torch_dtr.enable(budget=budget, costs=costs)
+    torch_dtr.enable(budget=budget, costs=costs, remat=REMAT)
     over = [0]
     try:
         rt = torch_dtr.runtime()

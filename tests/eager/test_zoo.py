@@ -19,7 +19,7 @@ import torch_dtr
 
 STEPS = 2
 FLOOR_MARGIN = 1.25
-# Measured 2026-11-24 (modelled costs, so the same in every run). Strict: a fix shows up as XPASS and fails,
+# Measured 2026-11-23 (modelled costs, so the same in every run). Strict: a fix shows up as XPASS and fails,
 # so the entry gets removed.
 KNOWN_LOW = {
     "nn_lstm": "BudgetError at 1.25x the floor: the size rule of mkldnn_rnn_layer's workspace is an upper bound "

@@ -45,12 +45,14 @@ def parse_budget(budget: int | str | None) -> int | None:
 
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
-           sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model") -> None:
+           sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
+           remat: str = "plan") -> None:
     """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing.
 
     ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
     the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
-    ``"time"`` (measured around each call, as before 2026-11-23)."""
+    ``"time"`` (measured around each call, as before 2026-11-23). ``remat``: how evicted inputs come back,
+    ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons)."""
     global _LAST
     if _front._ACTIVE is not None:
         raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "
@@ -66,7 +68,9 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         min_evict_bytes = int(min_evict_bytes)
     if costs not in ("time", "model"):
         raise ValueError(f"torch_dtr: costs must be 'time' (measured) or 'model' (FLOPs and bytes), got {costs!r}")
-    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs)
+    if remat not in ("plan", "stack"):
+        raise ValueError(f"torch_dtr: remat must be 'plan' (the default) or 'stack', got {remat!r}")
+    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat)
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f

@@ -20,6 +20,7 @@ from .constants import Constants
 from .costs import model_cost
 from .device import CudaTimer, retry_on_oom
 from .funcinfo import FuncInfo, info
+from .mathkeys import complex_args, math_keys
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs
 from .rng import RngState
 from .sizes import Sizes, trim
@@ -84,12 +85,12 @@ class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
-                 min_evict_bytes: int | None, costs: str = "model") -> None:
+                 min_evict_bytes: int | None, costs: str = "model", remat: str = "plan") -> None:
         extra = None
         if torch.cuda.is_available():
             extra = torch.cuda.memory_allocated
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
-                          extra_usage=extra)
+                          extra_usage=extra, remat=remat)
         self.cuda = extra is not None  # NOTE [ CUDA ]: OOM retry and event timing for ops on CUDA tensors
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
         self.timer = CudaTimer() if self.cuda and not self.model else None
@@ -481,6 +482,12 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
+        if complex_args(args, kwargs):  # NOTE [ Conjugate and negative keys ]
+            with math_keys():
+                return self._dispatch(func, args, kwargs)
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         c = _classify(args)
         if c != 2 and kwargs:
             c = max(c, _classify(kwargs.values()))

@@ -9,6 +9,7 @@ import torch
 from ..core import Storage
 from ..core.errors import ConstantChangedError, internal_assert
 from .device import retry_on_oom
+from .mathkeys import complex_args, math_keys
 from .rng import RngState
 from .tensor import Geom, view_of
 
@@ -132,6 +133,9 @@ class Recipe:
         # As on its first run (inside __torch_dispatch__): below autograd, so payloads carry no graph, and in
         # the grad mode it ran in. A replay may start anywhere: inside another op, in backward, in unwrap().
         with torch._C._AutoDispatchBelowAutograd(), torch.set_grad_enabled(self.grad):
+            if complex_args(args, kwargs):  # NOTE [ Conjugate and negative keys ]
+                with math_keys():
+                    return self._replay(args, kwargs)
             return self._replay(args, kwargs)
 
     def _replay(self, args: Any, kwargs: dict) -> Any:

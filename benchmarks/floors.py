@@ -1,0 +1,67 @@
+"""Smallest feasible budgets against the single-op floor (issue 13's target: <= 1.25x), per test model.
+
+    python benchmarks/floors.py [--opt sgd] [--models mlp cnn ...] [--remat plan|stack] [--out docs/floors.md]
+
+For each model of ``tests/eager/models.py`` (3 training steps, the equivalence tests' harness, one intra-op
+thread): the unconstrained tracked peak, the single-op floor of that run (NOTE [ The single-op floor ]:
+constants and pinned storages plus the largest op's inputs and outputs), and the smallest feasible budget
+found by the tests' bisection (``harness.min_feasible_budget``: no BudgetError and at most 4 recomputations
+per op, confirmed twice; 8 halvings or 1% of the peak). Writes a Markdown table; takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent / "tests" / "eager"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--opt", default="sgd")
+    ap.add_argument("--models", nargs="*")
+    ap.add_argument("--remat", default="plan", choices=("plan", "stack"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "floors.md"))
+    a = ap.parse_args()
+    sys.path.insert(0, str(TESTS))
+    import harness  # noqa: PLC0415 (lives in tests/eager)
+    import models  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    harness.REMAT = a.remat
+    rows = []
+    for name in a.models or list(models.BUILDERS):
+        t0 = time.perf_counter()
+        b = models.BUILDERS[name]
+        st = harness.unconstrained_stats(b, a.opt)
+        low = harness.min_feasible_budget(b, a.opt)
+        peak, floor = st.peak_bytes, st.floor_bytes
+        rows.append((name, peak, floor, low, st.floor_op))
+        print(f"{name}: peak {peak} floor {floor} ({floor / peak:.0%}) smallest {low} ({low / peak:.0%}, "
+              f"{low / floor:.2f}x floor) in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    lines = [
+        "# Smallest feasible budgets and the single-op floor",
+        "",
+        f"Written by `python benchmarks/floors.py --opt {a.opt} --remat {a.remat}` on {datetime.date.today()} (2 "
+        f"CPU cores, one intra-op thread, modelled costs, remat={a.remat}). Budgets count constants. The floor is a "
+        "lower bound for any schedule; issue 13's target is a smallest feasible budget <= 1.25x of it.",
+        "",
+        "| model | peak (KiB) | single-op floor (KiB) | floor / peak | smallest feasible / peak | "
+        "smallest / floor | target met | op setting the floor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, peak, floor, low, op in rows:
+        lines.append(f"| {name} | {peak / 1024:.0f} | {floor / 1024:.0f} | {floor / peak:.0%} | {low / peak:.0%} | "
+                     f"{low / floor:.2f}x | {'yes' if low <= 1.25 * floor else 'no'} | `{op}` |")
+    Path(a.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
