@@ -263,25 +263,19 @@ class Runtime:
         self.ops += 1
         self.clock += cost
         now = self.clock
-        need = self.memory.tracked - self.candidate_bytes  # constants and pinned storages
-        seen: set[Storage] | None = set() if len(inputs) > 1 else None
-        for s in inputs:
-            if not s.pinned and (seen is None or s not in seen):
+        op = None if compute is None else Op(inputs, cost, compute, name)
+        ins = op.inputs if op is not None else inputs if len(inputs) < 2 else dict.fromkeys(inputs)  # distinct
+        need = self.memory.tracked - self.candidate_bytes  # constants and pinned storages (the floor's sum)
+        for s in ins:
+            s.last_access = now
+            if not s.pinned:
                 need += s.nbytes
-                if seen is not None:
-                    seen.add(s)
+            if op is not None:
+                s.deps += 1
+                s.children.append(op)
         self._need, self._need_op = need, name
         if need > self.floor:
             self.floor, self.floor_op = need, name
-        if compute is None:
-            for s in inputs:
-                s.last_access = now
-            return None
-        op = Op(inputs, cost, compute, name)
-        for s in op.inputs:
-            s.deps += 1
-            s.children.append(op)
-            s.last_access = now
         return op
 
     def output(self, op: Op | None, nbytes: int, payload: Any) -> Storage:
