@@ -1,6 +1,7 @@
 """Smallest feasible budgets against the single-op floor (issue 13's target: <= 1.25x), per test model.
 
-    python benchmarks/floors.py [--opt sgd] [--models mlp cnn ...] [--remat plan|stack] [--out docs/floors.md]
+    python benchmarks/floors.py [--opt sgd] [--models mlp cnn ...] [--remat plan|stack] [--policy P] [--banish N]
+                                [--out docs/floors.md]
 
 For each model of ``tests/eager/models.py`` (3 training steps, the equivalence tests' harness, one intra-op
 thread): the unconstrained tracked peak, the single-op floor of that run (NOTE [ The single-op floor ]:
@@ -25,6 +26,8 @@ def main() -> int:
     ap.add_argument("--opt", default="sgd")
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--remat", default="plan", choices=("plan", "stack"))
+    ap.add_argument("--policy", default=None, help="eviction policy (default: the library's default)")
+    ap.add_argument("--banish", type=int, default=32, help="enable(banish_depth=...); 0: never banish")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "floors.md"))
     a = ap.parse_args()
     sys.path.insert(0, str(TESTS))
@@ -34,6 +37,10 @@ def main() -> int:
 
     torch.set_num_threads(1)
     harness.REMAT = a.remat
+    harness.POLICY = a.policy
+    harness.BANISH = a.banish
+    from torch_dtr.core.policies import DEFAULT_POLICY  # noqa: PLC0415
+    policy = a.policy or DEFAULT_POLICY
     rows = []
     for name in a.models or list(models.BUILDERS):
         t0 = time.perf_counter()
@@ -47,8 +54,9 @@ def main() -> int:
     lines = [
         "# Smallest feasible budgets and the single-op floor",
         "",
-        f"Written by `python benchmarks/floors.py --opt {a.opt} --remat {a.remat}` on {datetime.date.today()} (2 "
-        f"CPU cores, one intra-op thread, modelled costs, remat={a.remat}). Budgets count constants. The floor is a "
+        f"Written by `python benchmarks/floors.py --opt {a.opt} --remat {a.remat} --policy {policy} --banish "
+        f"{a.banish}` on {datetime.date.today()} (2 CPU cores, one intra-op thread, modelled costs, remat={a.remat}, "
+        f"policy {policy}, banish_depth={a.banish}). Budgets count constants. The floor is a "
         "lower bound for any schedule; issue 13's target is a smallest feasible budget <= 1.25x of it.",
         "",
         "| model | peak (KiB) | single-op floor (KiB) | floor / peak | smallest feasible / peak | "

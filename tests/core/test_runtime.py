@@ -343,7 +343,7 @@ def test_handleless_intermediate_stays_while_another_reader_is_evicted() -> None
 
 
 def test_drop_of_pinned_or_locked_with_dependents_stays_resident() -> None:
-    d = Driver(None)
+    d = Driver(None, banish_depth=0)  # banishing would free the pinned c instead (test_banishing.py)
     rt = d.rt
     c = d.const(10, 1)
     a = d.op1([c], 1, 10, lambda v: v + 1)

@@ -22,8 +22,6 @@ FLOOR_MARGIN = 1.25
 # Measured 2026-11-23 (modelled costs, so the same in every run). Strict: a fix shows up as XPASS and fails,
 # so the entry gets removed.
 KNOWN_LOW = {
-    "nn_lstm": "BudgetError at 1.25x the floor: the size rule of mkldnn_rnn_layer's workspace is an upper bound "
-               "(1.7x the real 500 KiB here; NOTE [ Size prediction ] 5), which no budget this close to the floor fits",
     "nn_gru": "BudgetError at 50% (1.54x the floor): a weight gradient needs the whole evicted backward chain, whose "
               "plan holds every forward value it recomputes (585 steps) and is undone when it holds none (issue 13)",
 }

@@ -34,7 +34,7 @@ class Storage:
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "aux", "released", "forward", "__weakref__",
+        "last_access", "children", "aux", "released", "forward", "chain", "banished", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
@@ -52,6 +52,8 @@ class Storage:
         self.aux: Any = None  # the policy's tracker keeps its state here (trackers.py)
         self.released = False
         self.forward: Storage | None = None  # newer version after an in-place write
+        self.chain = 0  # once handle-less: the handle-less recipe chain ending here (NOTE [ Banishing ])
+        self.banished = False  # pinned (and resident) because its recipe was banished
 
     @property
     def cost(self) -> float:

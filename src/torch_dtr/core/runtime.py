@@ -123,6 +123,31 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 3. It is measured on the run itself (under a budget, what is pinned can differ from an unlimited run).
 #    The exact smallest budget of a recorded step is the ILP's (``sim.checkmate``), where it solves.
 
+# NOTE [ Banishing ]
+#
+# 1. A value without handles that recipes still read (a running sum's previous total, an old version of
+#    an in-place write, a consumed gradient) is evicted at once (NOTE [ Lifetimes ] 3) and its recipe
+#    kept. Summing T values one at a time (``acc = acc + g_t``: autograd's gradient accumulation over a
+#    recurrence's steps, a residual stream's gradient, a user's loop) leaves a chain of T such values: the
+#    newest total can only be recomputed from all of them, and evicting it costs O(T) recomputations
+#    (each ``g_t`` with its own ancestors), so the run thrashes at budgets where the total is evicted.
+# 2. ``chain`` measures it when a storage loses its last handle: the number of links on the longest path
+#    of handle-less values ending there, where a link is an op that reads two or more handle-less values
+#    (a sum of things nobody else holds; an in-place unary op on a view adds none). A pinned storage
+#    counts as the limit: it stays resident for its readers and cannot be recomputed anyway.
+# 3. At ``banish_depth`` links, the readers of the value whose outputs are all resident and no larger
+#    than it lose their recipes: their outputs are pinned (``invalidate``), the value and, recursively,
+#    the chain behind it are released. So the running total is pinned while it is held and the chain
+#    costs nothing; the next total is banished at once (its input is pinned, rule 2), so a sum over T
+#    steps keeps one total resident, as plain PyTorch's in-place accumulation does.
+# 4. The price: a banished output is never evicted while it has handles. The size rule means banishing
+#    never adds resident bytes when it happens (the value it frees is at least as large).
+# 5. Pinned by choice, not because no schedule could do otherwise: the single-op floor leaves banished
+#    bytes out (``banished_bytes``), so it stays a lower bound for any schedule.
+# 6. Why 32 links (docs/design.md, Banishing): at 16 the tests' LSTM loop and HF ResNet needed larger
+#    budgets (their backward gradient streams got pinned); at 32 they need what they needed without
+#    banishing, and the bench's LSTM loop trains at 60% of its peak where it thrashed.
+
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
 "op" (a driver finished an op; storage ``None``). It may raise to stop the program (e.g. a thrash cap)."""
@@ -143,6 +168,7 @@ class Stats:
     live_storages: int  # records held (resident or evicted)
     floor_bytes: int = 0  # the single-op floor so far (NOTE [ The single-op floor ])
     floor_op: str = ""  # the op that set it
+    banished: int = 0  # recipes dropped by banishing (NOTE [ Banishing ])
 
 
 def _sid(s: Storage) -> int:
@@ -162,6 +188,7 @@ class Runtime:
         extra_usage: Callable[[], int] | None = None,
         seed: int = 0,
         remat: str = "plan",
+        banish_depth: int = 32,
     ) -> None:
         if remat not in ("plan", "stack"):
             raise ValueError(f"torch_dtr: remat must be 'plan' or 'stack', got {remat!r}")
@@ -169,6 +196,9 @@ class Runtime:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
         self.remat = remat  # how evicted ancestors are brought back (rematerialize)
+        self.banish_depth = banish_depth  # NOTE [ Banishing ]; 0: never
+        self.banished = 0  # recipes dropped by banishing
+        self.banished_bytes = 0  # resident bytes pinned by banishing
         self.peak_limit = budget  # the largest budget in force since the peak was last reset (check())
         self.policy = get_policy(policy)
         self.tracker = TRACKERS[self.policy.extra]()
@@ -265,10 +295,11 @@ class Runtime:
         now = self.clock
         op = None if compute is None else Op(inputs, cost, compute, name)
         ins = op.inputs if op is not None else inputs if len(inputs) < 2 else dict.fromkeys(inputs)  # distinct
-        need = self.memory.tracked - self.candidate_bytes  # constants and pinned storages (the floor's sum)
+        # constants and pinned storages (the floor's sum), less those pinned by banishing (NOTE [ Banishing ] 5)
+        need = self.memory.tracked - self.candidate_bytes - self.banished_bytes
         for s in ins:
             s.last_access = now
-            if not s.pinned:
+            if not s.pinned or s.banished:
                 need += s.nbytes
             if op is not None:
                 s.deps += 1
@@ -325,8 +356,37 @@ class Runtime:
         if s.refs == 0:
             if s.deps == 0:
                 self._release(s)
-            elif s.resident and not s.pinned and s.locks == 0:
-                self._evict(s, "drop")
+            else:
+                if s.resident and not s.pinned and s.locks == 0:
+                    self._evict(s, "drop")
+                if self.banish_depth:
+                    self._orphaned(s)
+
+    def _orphaned(self, s: Storage) -> None:
+        """``s`` lost its last handle but recipes still read it: measure its chain, banish at the limit
+        (NOTE [ Banishing ])."""
+        if s.pinned:
+            s.chain = self.banish_depth
+        else:
+            op = s.op
+            if op is None:
+                s.chain = 0
+            else:  # a link is an op that sums up two or more values without handles (an accumulation)
+                free = [i.chain for i in op.inputs if i.refs == 0 and not i.pinned]
+                s.chain = (len(free) > 1) + max(free, default=0)
+        if s.chain < self.banish_depth:
+            return
+        for op in list(s.children):
+            outs = op.outputs
+            if (op.compute is None or not all(o.resident for o in outs)
+                    or sum(o.nbytes for o in outs) > s.nbytes):
+                continue
+            self.banished += 1
+            fresh = [o for o in outs if not o.pinned]
+            self.invalidate([op], "banished: it read the end of a long chain of values without handles")
+            for o in fresh:  # pinned by choice, not by necessity: the floor leaves them out (rule 5)
+                o.banished = True
+                self.banished_bytes += o.nbytes
 
     def _release(self, s: Storage) -> None:
         work = [s]
@@ -370,6 +430,9 @@ class Runtime:
 
     def _unresident(self, s: Storage) -> None:
         s.resident = False
+        if s.banished:
+            s.banished = False
+            self.banished_bytes -= s.nbytes
         self.memory.free(s)
         self._drop_candidate(s)
 
@@ -403,11 +466,16 @@ class Runtime:
             old.payload = None
             old.resident = False
             self._drop_candidate(old)
+            if old.banished:
+                old.banished = False
+                self.banished_bytes -= old.nbytes
         old.forward = new
         new.refs += old.refs
         old.refs = 0
         if old.deps == 0:
             self._release(old)
+        elif self.banish_depth and payload is None:
+            self._orphaned(old)
         return new
 
     def pin(self, s: Storage) -> None:
@@ -853,6 +921,7 @@ class Runtime:
             live_storages=len(self.live),
             floor_bytes=self.floor,
             floor_op=self.floor_op,
+            banished=self.banished,
         )
 
     def reset_peak(self) -> None:
@@ -861,7 +930,7 @@ class Runtime:
 
     def check(self) -> None:
         """Assert the invariants of ``records`` (for tests; O(records))."""
-        total = 0
+        total = banished = 0
         deps: dict[Storage, int] = {s: 0 for s in self.live}
         ops = {op for s in self.live for op in s.children} | {s.op for s in self.live if s.op is not None}
         for op in ops:
@@ -876,6 +945,9 @@ class Runtime:
                 internal_assert(s.payload is not None, f"resident {s} has no payload")
                 total += s.nbytes
             internal_assert((s in self.candidates) == (s.resident and not s.pinned), f"candidate set wrong for {s}")
+            internal_assert(not s.banished or (s.resident and s.pinned), f"banished {s} not resident and pinned")
+            banished += s.nbytes if s.banished else 0
+        internal_assert(banished == self.banished_bytes, f"banished bytes {self.banished_bytes} != {banished}")
         internal_assert(total + self.memory.constants == self.memory.tracked,
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")
         if self.peak_limit is not None and self.budget is not None and self.extra_usage is None:

@@ -46,13 +46,15 @@ def parse_budget(budget: int | str | None) -> int | None:
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
-           remat: str = "plan") -> None:
+           remat: str = "plan", banish_depth: int = 32) -> None:
     """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing.
 
     ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
     the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
     ``"time"`` (measured around each call, as before 2026-11-23). ``remat``: how evicted inputs come back,
-    ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons)."""
+    ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons).
+    ``banish_depth``: a running sum of values nobody holds is pinned, and the chain behind it freed, once the
+    chain has this many links (NOTE [ Banishing ]; 0: never)."""
     global _LAST
     if _front._ACTIVE is not None:
         raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "
@@ -70,7 +72,9 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         raise ValueError(f"torch_dtr: costs must be 'time' (measured) or 'model' (FLOPs and bytes), got {costs!r}")
     if remat not in ("plan", "stack"):
         raise ValueError(f"torch_dtr: remat must be 'plan' (the default) or 'stack', got {remat!r}")
-    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat)
+    if isinstance(banish_depth, bool) or not isinstance(banish_depth, numbers.Integral) or banish_depth < 0:
+        raise ValueError(f"torch_dtr: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
+    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth))
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f

@@ -85,12 +85,13 @@ class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
-                 min_evict_bytes: int | None, costs: str = "model", remat: str = "plan") -> None:
+                 min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
+                 banish_depth: int = 32) -> None:
         extra = None
         if torch.cuda.is_available():
             extra = torch.cuda.memory_allocated
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
-                          extra_usage=extra, remat=remat)
+                          extra_usage=extra, remat=remat, banish_depth=banish_depth)
         self.cuda = extra is not None  # NOTE [ CUDA ]: OOM retry and event timing for ops on CUDA tensors
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
         self.timer = CudaTimer() if self.cuda and not self.model else None
@@ -232,6 +233,8 @@ class Front:
             if self.model:
                 cost = model_cost(fi.func, pargs, pkwargs, flat, "cuda" if on_cuda else "cpu")
             fresh, aliased = self._fresh(fi, flat, refs)
+            if fi.learns_size:  # NOTE [ Size prediction ] 6
+                self.sizes.learn(fi, pargs, pkwargs, sum(flat[i].untyped_storage().nbytes() for i in fresh))
             written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
             op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, rng, cost,
                                       fresh, written, flat)

@@ -18,6 +18,8 @@ _NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_sca
 _RUNNING_STATS = {"running_mean", "running_var"}
 _MAY_CROSS_DEVICE = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"}
 # in-place ops that change only a tensor's view metadata (size, stride, offset), never its data
+# ops whose size rule (sizes.py) is an upper bound: the exact bytes are learned after a call, per input shapes
+_SIZE_BOUND = frozenset({"mkldnn_rnn_layer"})
 _RESTRIDE = {"t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_"}
 
 
@@ -41,7 +43,7 @@ class FuncInfo:
 
     __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
                  "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
-                 "stats")
+                 "stats", "learns_size")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -76,6 +78,7 @@ class FuncInfo:
         self.view_unannotated = packet in _UNANNOTATED_VIEWS
         self.cross_device = packet in _MAY_CROSS_DEVICE
         self.restrides = packet in _RESTRIDE and func.namespace == "aten"
+        self.learns_size = packet in _SIZE_BOUND and func.namespace == "aten"  # NOTE [ Size prediction ] 6
         unmarked = [a for a in args if a.name in _RUNNING_STATS and (a.alias_info is None or not a.alias_info.is_write)]
         train = [a for a in args if a.name == "training"]
         self.hidden_writes = tuple(where(a) for a in unmarked) if train else ()

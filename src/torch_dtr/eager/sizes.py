@@ -17,6 +17,10 @@
 # 5. A meta kernel that runs but is wrong is worse than none: ``mkldnn_rnn_layer`` (``nn.LSTM`` on CPU) says
 #    its workspace is empty, and the zoo's LSTM went 277 KiB over a 942 KiB budget. It has a rule (3): an
 #    upper bound, 1.6x a fit of measured workspaces (the fit alone was up to 1.53x short on some shapes).
+# 6. Such an upper bound costs memory near the floor (the zoo's nn.LSTM could not run at 1.25x its floor,
+#    the bound being 1.7x the real workspace). So an op whose rule is a bound (``FuncInfo.learns_size``)
+#    has its real output bytes learned after every call, budget or not (``learn``), keyed by its inputs'
+#    shapes, strides, dtypes and other arguments: from the second call per shape on, it is predicted exactly.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .funcinfo import FuncInfo
 from .recipe import flat_outputs
 
 _CACHE: dict[Any, int] = {}  # shared by every session: enabling again does not pay meta inference again
+_LEARNED: dict[Any, int] = {}  # NOTE 6: the real bytes of ops whose rule is a bound, per call key
 _CACHE_MAX = 20_000
 _LOW = torch.bfloat16
 
@@ -42,6 +47,10 @@ def _key(x: Any) -> Any:
     if t is list or t is tuple:
         return tuple([y if type(y) is int else _key(y) for y in x])
     return x
+
+
+def _call_key(fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
+    return fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items())
 
 
 def _to_meta(x: Any, low: bool = False) -> Any:
@@ -146,6 +155,10 @@ class Sizes:
         if rule is _NONE:
             rule = _RULE_OF[func] = _RULES.get(func._overloadpacket.__name__) if func.namespace == "aten" else None
         if rule is not None:
+            if fi.learns_size:
+                hit = _LEARNED.get(_call_key(fi, args, kwargs))
+                if hit is not None:
+                    return hit
             return rule(args, kwargs)
         if fi.dynamic_shape:
             self._unsized(fi.name)
@@ -169,6 +182,13 @@ class Sizes:
                 self.cache.clear()
             self.cache[key] = nbytes
         return nbytes
+
+    @staticmethod
+    def learn(fi: FuncInfo, args: tuple, kwargs: dict, nbytes: int) -> None:
+        """The op (whose rule is an upper bound) just made ``nbytes`` of fresh outputs (NOTE 6)."""
+        if len(_LEARNED) >= _CACHE_MAX:
+            _LEARNED.clear()
+        _LEARNED[_call_key(fi, args, kwargs)] = nbytes
 
     def _unsized(self, name: str) -> None:
         n = self.unsized.get(name, 0)
