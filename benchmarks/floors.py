@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--remat", default="plan", choices=("plan", "stack"))
     ap.add_argument("--policy", default=None, help="eviction policy (default: the library's default)")
-    ap.add_argument("--banish", type=int, default=32, help="enable(banish_depth=...); 0: never banish")
+    ap.add_argument("--banish", type=int, default=0, help="enable(banish_depth=...); 0: never banish")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "floors.md"))
     a = ap.parse_args()
     sys.path.insert(0, str(TESTS))

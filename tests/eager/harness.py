@@ -108,7 +108,7 @@ class TooMuchRecomputation(RuntimeError):
 
 REMAT = "plan"  # enable(remat=...) of every run (benchmarks/floors.py --remat stack compares the older way)
 POLICY = None  # enable(policy=...) of every run; None: the default (benchmarks/floors.py --policy compares)
-BANISH = 32  # enable(banish_depth=...) of every run (benchmarks/floors.py --banish compares)
+BANISH = 0  # enable(banish_depth=...) of every run (benchmarks/floors.py --banish compares)
 
 
 def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True,

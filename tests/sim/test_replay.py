@@ -151,12 +151,14 @@ def test_cli_simulate_rejects_a_malformed_log(tmp_path):
 
 
 @pytest.mark.skipif(not LOGS.is_dir(), reason="shared DTR logs not beside the checkout")
-def test_default_policy_strictly_better_than_reference_at_low_budgets():
-    # the target: strictly better at ratios 0.2 and 0.3 on at least two of the three logs
+def test_dtr_chain_strictly_better_than_reference_at_low_budgets():
+    # an earlier issue's target for the default of the time, dtr_chain: strictly better at ratios 0.2 and 0.3
+    # on at least two of the three logs. The default is h_DTR^eq since 2026-11-25 (policies.py: dtr_chain is
+    # worse than it in 49 of 240 cells of 24 logs); h_DTR^eq is only held to the reference (test above).
     wins = 0
     for name, refs in REFERENCE.items():
         lg = log.read(LOGS / f"{name}.log")
         peak = replay.no_eviction_peak(lg)
-        outs = [replay.simulate(lg, ratio=r, peak=peak) for r in (0.2, 0.3)]
+        outs = [replay.simulate(lg, "dtr_chain", ratio=r, peak=peak) for r in (0.2, 0.3)]
         wins += all(o.status == "ok" and round(o.overhead, 2) < refs[o.ratio] for o in outs)
     assert wins >= 2

@@ -144,9 +144,10 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    never adds resident bytes when it happens (the value it frees is at least as large).
 # 5. Pinned by choice, not because no schedule could do otherwise: the single-op floor leaves banished
 #    bytes out (``banished_bytes``), so it stays a lower bound for any schedule.
-# 6. Why 32 links (docs/design.md, Banishing): at 16 the tests' LSTM loop and HF ResNet needed larger
-#    budgets (their backward gradient streams got pinned); at 32 they need what they needed without
-#    banishing, and the bench's LSTM loop trains at 60% of its peak where it thrashed.
+# 6. Off by default (``banish_depth=0``): measured (docs/design.md, Banishing), it is not a robust win. On
+#    the bench's LSTM loop (width 384) 16 links train at 55% of the peak where none fail, but 32 and 48
+#    fail at 60% where none train; 16 and 32 pin ResNet-32's residual gradient stream and make its shared
+#    log worse at 0.2 of its peak (h_DTR^eq 1.31 -> 1.35, past the authors' 1.33).
 
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
@@ -188,7 +189,7 @@ class Runtime:
         extra_usage: Callable[[], int] | None = None,
         seed: int = 0,
         remat: str = "plan",
-        banish_depth: int = 32,
+        banish_depth: int = 0,
     ) -> None:
         if remat not in ("plan", "stack"):
             raise ValueError(f"torch_dtr: remat must be 'plan' or 'stack', got {remat!r}")
@@ -196,7 +197,7 @@ class Runtime:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
         self.remat = remat  # how evicted ancestors are brought back (rematerialize)
-        self.banish_depth = banish_depth  # NOTE [ Banishing ]; 0: never
+        self.banish_depth = banish_depth  # NOTE [ Banishing ]; 0 (the default): never
         self.banished = 0  # recipes dropped by banishing
         self.banished_bytes = 0  # resident bytes pinned by banishing
         self.peak_limit = budget  # the largest budget in force since the peak was last reset (check())
@@ -223,6 +224,7 @@ class Runtime:
         self._need = 0  # what the op being run needs resident: the unevictable bytes, its inputs, outputs
         self._need_op = ""
         self._recomputing = False  # reserve() is making room for a recomputation
+        self._soft: dict[Storage, int] | None = None  # an unheld plan's pending reads: evicted last
 
     # ------------------------------------------------------------------ observers
     def listen(self, fn: Listener) -> Callable[[], None]:
@@ -636,7 +638,12 @@ class Runtime:
         floor = self.min_evict_bytes
         if floor is None:
             floor = 0.01 * self.candidate_bytes / n
-        best = self._best(pool, floor)
+        soft = self._soft
+        best = None
+        if soft:  # an unheld plan runs: what its next steps read goes last (NOTE [ Planned rematerialization ] 4)
+            best = self._best([s for s in pool if not soft.get(s)], floor)
+        if best is None:
+            best = self._best(pool, floor)
         if best is None and floor > 0:
             best = self._best(pool, 0)
         if best is None and pool is not cands:
@@ -773,6 +780,9 @@ class Runtime:
         brought: dict[Storage, None] = {}  # recomputed on the way, the roots excepted
         rootset = set(roots)
         ran = 0
+        outer = self._soft
+        if not hold:
+            self._soft = pending
         try:
             while steps:
                 s = steps[-1]
@@ -816,6 +826,7 @@ class Runtime:
                         if i in brought:
                             self._drop_brought(i)
         finally:
+            self._soft = outer
             for keep in held.values():
                 self.unlock(keep)
             self.unlock(list(kept))

@@ -86,7 +86,7 @@ class Front:
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
                  min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
-                 banish_depth: int = 32) -> None:
+                 banish_depth: int = 0) -> None:
         extra = None
         if torch.cuda.is_available():
             extra = torch.cuda.memory_allocated
