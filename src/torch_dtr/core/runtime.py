@@ -86,8 +86,9 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 4. If that cannot keep the budget, the caller (``acquire``, ``rematerialize``) drops every lock, its own
 #    op's resident inputs included, and runs the plan without holding: the policy may evict any planned
 #    value, even one the next step reads; a step that finds an input missing plans it again, and from its
-#    second try locks its other resident inputs until it runs (each try locks more, so it ends). Planned
-#    values are freshly used, so the policy picks them last. A plan that runs more than 4 x (its first
+#    second try locks its other resident inputs until it runs (each try locks more, so it ends). While
+#    it runs, the policy first chooses among candidates that no pending step reads (``_soft``), and only
+#    when none fits among all of them. A plan that runs more than 4 x (its first
 #    length + 8) recomputations gives up with ``BudgetError`` (``_raise_undone``) instead of thrashing.
 # 5. Why held first: unheld, the policy may evict a stale input of the op in flight to recompute another,
 #    and then recompute it; held, nothing is computed twice. Unheld only runs where held fails.

@@ -85,9 +85,10 @@ class Outcome:
 class Replay:
     """Drives a ``Runtime`` from a ``Log`` (see NOTE [ Replaying a log ])."""
 
-    def __init__(self, log: Log, rt: Runtime, thrash_at: float | None = THRASH_AT) -> None:
+    def __init__(self, log: Log, rt: Runtime, thrash_at: float | None = THRASH_AT, live_order: bool = False) -> None:
         self.log = log
         self.rt = rt
+        self.live_order = live_order  # inputs brought back as the live runtime does (resident ones locked first)
         self.base_ns = log.op_time_ns()
         self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
         self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
@@ -120,9 +121,10 @@ class Replay:
 
     # ------------------------------------------------------------------ ops
     def _prepare(self, args: tuple[str, ...]) -> list[Storage]:
-        """The op's distinct input storages, made resident and locked in order (``Runtime.acquire``, rule 5)."""
+        """The op's distinct input storages, made resident and locked in order (``Runtime.acquire``, rule 5),
+        or ``live_order``: as the live runtime does (resident ones locked first, one plan for the rest)."""
         ins = list(dict.fromkeys(self._storage(a) for a in args))
-        self.rt.acquire(ins, resident_first=False)
+        self.rt.acquire(ins, resident_first=self.live_order)
         return ins
 
     def _ran(self, ins: list[Storage], ins_: Call | Mutate, recipe: bool) -> Any:
@@ -223,8 +225,10 @@ def no_eviction_peak(log: Log) -> int:
 
 
 def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | None = None, budget: int | None = None,
-             peak: int | None = None, thrash_at: float | None = THRASH_AT, **runtime_options: Any) -> Outcome:
-    """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known)."""
+             peak: int | None = None, thrash_at: float | None = THRASH_AT, live_order: bool = False,
+             **runtime_options: Any) -> Outcome:
+    """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known).
+    ``live_order``: bring inputs back as the live runtime does instead of as the DTR authors' simulator did."""
     if (ratio is None) == (budget is None):
         raise ValueError("torch_dtr: give exactly one of ratio= (e.g. 0.5) or budget= (bytes) to simulate()")
     if ratio is not None:
@@ -232,7 +236,7 @@ def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | 
             raise ValueError(f"torch_dtr: ratio must be > 0, got {ratio}; e.g. ratio=0.5")
         budget = int(ratio * (peak if peak is not None else no_eviction_peak(log)))
     rt = Runtime(budget, policy, **runtime_options)
-    rp = Replay(log, rt, thrash_at)
+    rp = Replay(log, rt, thrash_at, live_order)
     status, error = "ok", ""
     t0 = time.perf_counter()
     try:
