@@ -59,7 +59,7 @@ def _record_all(out: Path) -> list[Path]:
             inputs, targets = make_batch(0)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3) if sgd else None
             path = out / f"{name}{'-sgd' if sgd else ''}.log"
-            with record(path):
+            with record(path, costs="model"):
                 y = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
                 loss_fn(y, targets).backward()
                 if opt is not None:
@@ -69,7 +69,7 @@ def _record_all(out: Path) -> list[Path]:
         model, batches, step = workloads.build(name, workloads.SIZES[name]["quick"], steps=2)
         step(model, batches[0])  # the optimizer's state exists, as in every later step
         path = out / f"bench-{name}.log"
-        with record(path):
+        with record(path, costs="model"):
             step(model, batches[1])
         made.append(path)
     return made

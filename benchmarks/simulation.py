@@ -137,7 +137,7 @@ def _record_small(out: Path) -> list[tuple[str, Path]]:
     for name, model, x in (("mlp5", mlp, torch.randn(2048, 64)), ("cnn3", cnn, torch.randn(32, 3, 32, 32))):
         path = out / f"{name}.log"
         y = torch.randint(0, 10, (x.shape[0],))
-        with record(path):
+        with record(path, costs="model"):
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
         made.append((name, path))

@@ -41,13 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--plot", default=None, help="write a PNG of overhead vs budget ratio here")
     s.add_argument("--baselines", action="store_true", help="also replay sqrt(n) checkpointing")
     r = sub.add_parser("record", help="run a PyTorch script and write one training iteration as an operator log",
-                       usage="torch-dtr record --out LOG [--iteration N] SCRIPT [ARGS ...]")
+                       usage="torch-dtr record --out LOG [--iteration N] [--costs time|model] SCRIPT [ARGS ...]")
     r.add_argument("script", help="the Python script to run")
     r.add_argument("args", nargs=argparse.REMAINDER,
                    help="arguments for the script (options for torch-dtr go before SCRIPT)")
     r.add_argument("--out", "-o", required=True, help="log file to write")
     r.add_argument("--iteration", type=int, default=2,
                    help="which iteration to record, counted in optimizer steps (default 2: after one warm-up)")
+    r.add_argument("--costs", choices=("time", "model"), default="time",
+                   help="each op's TIME: measured (default) or modelled from FLOPs and bytes (the same in every run)")
     args = p.parse_args(argv)
     try:
         return _run(p, args, argv)
@@ -68,7 +70,7 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
 
         if args.iteration < 1:
             p.error(f"--iteration must be >= 1, got {args.iteration}")
-        print(json.dumps(record_script(args.script, args.args, args.out, args.iteration), indent=1))
+        print(json.dumps(record_script(args.script, args.args, args.out, args.iteration, args.costs), indent=1))
         return 0
     if args.cmd == "bench":
         from .bench.run import main as bench

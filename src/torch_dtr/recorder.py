@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .eager import front as _front
+from .eager.costs import model_cost
 from .eager.funcinfo import info
 from .eager.recipe import flat_outputs
 from .sim.log import Result, Writer
@@ -101,9 +102,13 @@ _OPNAMES: dict[Any, str] = {}
 class Recorder(TorchDispatchMode):
     """Writes every aten op run inside it to ``path``; see NOTE [ Recording ]. ``summary()`` after exit."""
 
-    def __init__(self, path: str | os.PathLike, *, annotate_start: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, annotate_start: bool = True, costs: str = "time") -> None:
         super().__init__()
+        if costs not in ("time", "model"):
+            raise ValueError(f"torch_dtr: record costs must be 'time' (measured) or 'model' (FLOPs and bytes, the "
+                             f"same in every run), got {costs!r}")
         self.path = Path(path)
+        self.model = costs == "model"
         self.annotate_start = annotate_start
         self.names: dict[int, tuple[_Ref, str]] = {}  # id(tensor) -> (weakref, name)
         self.recs: dict[str, _Storage] = {}  # unreleased name -> its storage record
@@ -227,6 +232,8 @@ class Recorder(TorchDispatchMode):
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter_ns() - t0
+        if self.model:  # NOTE [ Modelled costs ]: the same log in every run
+            dt = max(1, round(1e9 * model_cost(func, args, kwargs, flat_outputs(out), "cuda" if cuda else "cpu")))
         fi = info(func)
         written = {i for i, (t, v) in enumerate(zip(flat, versions, strict=True)) if t._version != v}
         for m in fi.mutated:
@@ -279,16 +286,18 @@ class Recorder(TorchDispatchMode):
             self.count["mutates"] += 1
 
 
-def record(path: str | os.PathLike, *, annotate_start: bool = True) -> Recorder:
-    """A context manager that logs every aten op run inside it to ``path`` (NOTE [ Recording ])."""
-    return Recorder(path, annotate_start=annotate_start)
+def record(path: str | os.PathLike, *, annotate_start: bool = True, costs: str = "time") -> Recorder:
+    """A context manager that logs every aten op run inside it to ``path`` (NOTE [ Recording ]). ``costs``:
+    each op's ``TIME`` measured (``"time"``) or modelled from FLOPs and bytes (``"model"``: the same log in
+    every run, as the live runtime's default costs)."""
+    return Recorder(path, annotate_start=annotate_start, costs=costs)
 
 
 class _Stop(BaseException):
     """Ends the recorded script after its iteration (a BaseException: ``except Exception`` lets it pass)."""
 
 
-def record_script(script: str, argv: list[str], out: str, iteration: int = 2) -> dict[str, Any]:
+def record_script(script: str, argv: list[str], out: str, iteration: int = 2, costs: str = "time") -> dict[str, Any]:
     """Run ``script`` as ``__main__`` with ``sys.argv = [script, *argv]`` and log its ``iteration``-th
     training iteration (1-based) to ``out``: the ops after optimizer step ``iteration - 1`` finished, up to
     and including step ``iteration``; iteration 1 starts at the script's first op. The script is stopped
@@ -304,7 +313,7 @@ def record_script(script: str, argv: list[str], out: str, iteration: int = 2) ->
     # Recording starts at the first op: until a step is seen, the script may have none (then the whole
     # script is the log). Step 1 ends that warm-up recording; a new recorder, entered after step
     # ``iteration - 1``, truncates ``out`` and logs until step ``iteration``.
-    rec: list[Recorder | None] = [record(out)]  # the recorder running now
+    rec: list[Recorder | None] = [record(out, costs=costs)]  # the recorder running now
     last = [rec[0]]  # the recorder that wrote ``out`` last
     steps = [0]
 
@@ -321,7 +330,7 @@ def record_script(script: str, argv: list[str], out: str, iteration: int = 2) ->
         if steps[0] == 1:
             stop_current()
         if steps[0] == iteration - 1:
-            rec[0] = last[0] = record(out).__enter__()
+            rec[0] = last[0] = record(out, costs=costs).__enter__()
 
     handle = register_optimizer_step_post_hook(step_hook)
     old_argv, old_path = sys.argv, list(sys.path)

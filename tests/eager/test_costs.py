@@ -47,11 +47,12 @@ def test_costs_must_be_time_or_model():
 
 
 @pytest.mark.slow
-def test_tree_rnn_at_30pct_makes_the_same_choices_in_two_fresh_processes_and_matches_plain():
-    # with measured times this case trained in some runs and thrashed in others (docs/design.md)
+def test_tree_rnn_at_33pct_makes_the_same_choices_in_two_fresh_processes_and_matches_plain():
+    # with measured times this case trained in some runs and thrashed in others at 30% (docs/design.md);
+    # 33% is just above its smallest budget with the default policy (dtr_eq fails at 30%, dtr_chain trained)
     torch.set_num_threads(1)
     b = BUILDERS["tree_rnn"]
-    budget = int(0.3 * harness.unconstrained_peak(b, "adam"))
+    budget = int(0.33 * harness.unconstrained_peak(b, "adam"))
     ref = harness.run_plain(b, "adam")
     here = str(Path(__file__).parent)
     counters = []

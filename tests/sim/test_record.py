@@ -294,3 +294,18 @@ def test_torch_dtr_record_stays_the_function() -> None:
 
     assert callable(torch_dtr.record) and callable(torch_dtr.record)  # not shadowed by a submodule of that name
     assert torch_dtr.record is record
+
+
+def test_modelled_costs_make_the_same_log_in_every_run(tmp_path):
+    texts = []
+    for i in range(2):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 10))
+        path = tmp_path / f"run{i}.log"
+        with record(path, costs="model"):
+            m(torch.randn(256, 64)).sum().backward()
+        texts.append(path.read_text())
+    assert texts[0] == texts[1]
+    assert '"TIME":"0"' not in texts[0]  # every op costs something
+    with pytest.raises(ValueError, match="costs must be 'time'"):
+        record(tmp_path / "x.log", costs="flops")
