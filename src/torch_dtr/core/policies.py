@@ -20,8 +20,8 @@ The policies:
   of really bringing ``t`` back (``path``: the neighbourhood blurs it once union-find components grow),
   times a penalty for long evicted chains. It was the default until 2026-11-25: on the DTR authors' logs
   it beats h_DTR^eq at 0.2 to 0.4 x the peak, but replaying 24 logs (the shared ones, the tests' models
-  and the bench's workloads, recorded) at 0.2 to 0.9 it is worse than h_DTR^eq in 42 of 240 cells (e.g.
-  GPT-2 at 0.5: 1.49 vs 1.19; ``benchmarks/policy_grid.py``), and no variant tried (without the path or
+  and the bench's workloads, recorded) at 0.2 to 0.9 it is worse than h_DTR^eq in 53 of 240 cells (e.g.
+  the tree RNN at 0.3: thrash vs 1.25; ``benchmarks/policy_grid.py``), and no variant tried (without the path or
   the length term, thresholds on the length, switching by memory pressure) was never worse while keeping
   its wins (docs/design.md, The default policy). Live, the tests' models' smallest feasible budgets
   differ by at most 2 points of the peak between the two. So the default is h_DTR^eq again;
