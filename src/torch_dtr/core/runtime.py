@@ -146,9 +146,10 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 5. Pinned by choice, not because no schedule could do otherwise: the single-op floor leaves banished
 #    bytes out (``banished_bytes``), so it stays a lower bound for any schedule.
 # 6. Off by default (``banish_depth=0``): measured (docs/design.md, Banishing), it is not a robust win. On
-#    the bench's LSTM loop (width 384) 16 links train at 55% of the peak where none fail, but 32 and 48
-#    fail at 60% where none train; 16 and 32 pin ResNet-32's residual gradient stream and make its shared
-#    log worse at 0.2 of its peak (h_DTR^eq 1.31 -> 1.35, past the authors' 1.33).
+#    the bench's LSTM loop (width 384) 16 links train it at 55% of its peak, where it fails without
+#    banishing, but 32 and 48 links fail at 60%, where it trains without; 16 and 32 pin ResNet-32's
+#    residual gradient stream and make its shared log worse at 0.2 of its peak (h_DTR^eq 1.31 -> 1.35,
+#    past the authors' 1.33).
 
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
@@ -423,6 +424,12 @@ class Runtime:
                 op.outputs = []
                 op.inputs = ()
 
+    def _unbanish(self, s: Storage) -> None:
+        """``s`` stops being resident: its bytes leave ``banished_bytes`` (NOTE [ Banishing ] 5)."""
+        if s.banished:
+            s.banished = False
+            self.banished_bytes -= s.nbytes
+
     def _add_candidate(self, s: Storage) -> None:
         self.candidates[s] = None
         self.candidate_bytes += s.nbytes
@@ -433,9 +440,7 @@ class Runtime:
 
     def _unresident(self, s: Storage) -> None:
         s.resident = False
-        if s.banished:
-            s.banished = False
-            self.banished_bytes -= s.nbytes
+        self._unbanish(s)
         self.memory.free(s)
         self._drop_candidate(s)
 
@@ -469,9 +474,7 @@ class Runtime:
             old.payload = None
             old.resident = False
             self._drop_candidate(old)
-            if old.banished:
-                old.banished = False
-                self.banished_bytes -= old.nbytes
+            self._unbanish(old)
         old.forward = new
         new.refs += old.refs
         old.refs = 0
