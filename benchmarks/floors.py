@@ -27,7 +27,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--remat", default="plan", choices=("plan", "stack"))
     ap.add_argument("--policy", default=None, help="eviction policy (default: the library's default)")
-    ap.add_argument("--banish", type=int, default=0, help="enable(banish_depth=...); 0: never banish")
+    ap.add_argument("--banish", type=int, default=None, help="enable(banish_depth=...); 0: never banish "
+                    "(default: the library's default)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "floors.md"))
     a = ap.parse_args()
     sys.path.insert(0, str(TESTS))
@@ -40,7 +41,9 @@ def main() -> int:
     harness.POLICY = a.policy
     harness.BANISH = a.banish
     from torch_dtr.core.policies import DEFAULT_POLICY  # noqa: PLC0415
+    from torch_dtr.eager.front import DEFAULT_BANISH_DEPTH  # noqa: PLC0415
     policy = a.policy or DEFAULT_POLICY
+    banish = DEFAULT_BANISH_DEPTH if a.banish is None else a.banish
     rows = []
     for name in a.models or list(models.BUILDERS):
         t0 = time.perf_counter()
@@ -55,8 +58,8 @@ def main() -> int:
         "# Smallest feasible budgets and the single-op floor",
         "",
         f"Written by `python benchmarks/floors.py --opt {a.opt} --remat {a.remat} --policy {policy} --banish "
-        f"{a.banish}` on {datetime.date.today()} (2 CPU cores, one intra-op thread, modelled costs, remat={a.remat}, "
-        f"policy {policy}, banish_depth={a.banish}). Budgets count constants. The floor is a "
+        f"{banish}` on {datetime.date.today()} (2 CPU cores, one intra-op thread, modelled costs, remat={a.remat}, "
+        f"policy {policy}, banish_depth={banish}). Budgets count constants. The floor is a "
         "lower bound for any schedule; issue 13's target is a smallest feasible budget <= 1.25x of it.",
         "",
         "| model | peak (KiB) | single-op floor (KiB) | floor / peak | smallest feasible / peak | "

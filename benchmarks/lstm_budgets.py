@@ -29,7 +29,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--width", type=int, default=384)
     ap.add_argument("--seq", type=int, default=48)
-    ap.add_argument("--banish", type=int, default=0, help="enable(banish_depth=...)")
+    ap.add_argument("--banish", type=int, default=None, help="enable(banish_depth=...) (default: the library's)")
     ap.add_argument("--policy", default=None)
     ap.add_argument("--ratios", type=float, nargs="+", default=[0.6, 0.55, 0.5])
     a = ap.parse_args()
@@ -48,7 +48,9 @@ def main() -> int:
     peak = None
     for ratio in [1.0, *a.ratios]:
         opts = {"policy": a.policy} if a.policy else {}
-        torch_dtr.enable(budget=None if peak is None else int(ratio * peak), banish_depth=a.banish, **opts)
+        if a.banish is not None:
+            opts["banish_depth"] = a.banish
+        torch_dtr.enable(budget=None if peak is None else int(ratio * peak), **opts)
         try:
             model, batches, step = build()
             rt = torch_dtr.runtime()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from coredrive import Driver, full_check
 
+from torch_dtr.core import BudgetError
+
 
 def _running_sum(d: Driver, steps: int, size: int = 8):
     """acc = acc + g_t, as autograd sums a shared weight's gradient over a recurrence: every g_t and every
@@ -79,17 +81,69 @@ def test_an_in_place_unary_chain_is_not_a_sum() -> None:
     full_check(rt)
 
 
-def test_a_pinned_value_without_handles_hands_its_readers_the_pin() -> None:
-    # c cannot be recomputed: kept only for a's recipe it would stay resident for as long as a lives;
-    # banishing pins a (no larger) instead and frees c
+def test_a_pinned_value_without_handles_hands_its_readers_the_pin_whatever_their_size() -> None:
+    # c cannot be recomputed: kept only for its readers' recipes it would stay resident for as long as they
+    # live. Banishing pins its resident readers instead (even one larger than c: it is resident already, so
+    # no byte is added) and frees c (NOTE [ Banishing ] 3)
     d = Driver(None, "dtr_eq", banish_depth=16)
     rt = d.rt
     c = d.const(10, 1)
     a = d.op1([c], 1, 10, lambda v: v + 1)
-    big = d.op1([c], 1, 40, lambda v: v + 2)  # larger than c: keeps its recipe, so c stays for it
+    big = d.op1([c], 1, 40, lambda v: v + 2)
+    before = rt.memory.tracked
     rt.drop_ref(c)
-    assert a.pinned and rt.banished == 1
-    assert not big.pinned and c.resident and not c.released
-    rt.drop_ref(big)  # c's last reader is gone: c is released
-    assert c.released
+    assert a.pinned and big.pinned and rt.banished == 2
+    assert c.released and rt.memory.tracked == before - 10
+    assert rt.banished_bytes == 50
+    full_check(rt)
+    rt.drop_ref(big)
+    assert big.released and rt.banished_bytes == 10
+    full_check(rt)
+
+
+def test_a_pinned_value_stays_while_a_reader_is_evicted() -> None:
+    # a reader whose output is evicted still needs c to come back: c stays, resident, and a comes back right
+    d = Driver(None, "dtr_eq", banish_depth=16)
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 10, lambda v: v + 1)
+    rt.evict(a)
+    rt.drop_ref(c)
+    assert c.resident and not c.released and rt.banished == 0
+    assert d.read(a) == 2
+    full_check(rt)
+
+
+def test_a_released_output_does_not_stop_banishing() -> None:
+    # an op with two outputs, one of them already released (a gradient nobody kept): the other, resident,
+    # takes the pin and c is freed; the released one is not counted as banished
+    d = Driver(None, "dtr_eq", banish_depth=16)
+    rt = d.rt
+    c = d.const(10, 1)
+    kept, gone = d.op([c], 1, [10, 6], lambda v: [v + 1, v + 2])
+    rt.drop_ref(gone)
+    assert gone.released
+    rt.drop_ref(c)
+    assert c.released and kept.pinned and rt.banished == 1
+    assert rt.banished_bytes == 10
+    full_check(rt)
+
+
+def test_banished_bytes_stay_out_of_the_floor_in_a_budget_error() -> None:
+    # the floor is a lower bound for any schedule: bytes pinned by choice must not raise it, also when the
+    # op's own reservation fails (NOTE [ The single-op floor ] 2, NOTE [ Banishing ] 5)
+    d = Driver(60, "dtr_eq", banish_depth=16)
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 40, lambda v: v + 1)
+    rt.drop_ref(c)  # a takes the pin: 40 B banished
+    assert a.pinned and rt.banished_bytes == 40
+    # an op that does not read a: a's 40 B were pinned by choice, so the floor is the op's 30 B alone (plus
+    # nothing else unevictable), and the budget is above it
+    with pytest.raises(BudgetError, match=r"single-op floor so far is 50 B: the budget is above it"):
+        d.op1([], 1, 30, lambda: 0, "big")
+    assert rt.stats().floor_bytes == 50
+    # an op that reads a: a is its input, so it counts: 40 + 30 = 70 B, above the 60 B budget
+    with pytest.raises(BudgetError, match=r"single-op floor so far is 70 B \(bigger\): below it no schedule"):
+        d.op1([a], 1, 30, lambda v: v, "bigger")
     full_check(rt)

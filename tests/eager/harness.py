@@ -108,7 +108,7 @@ class TooMuchRecomputation(RuntimeError):
 
 REMAT = "plan"  # enable(remat=...) of every run (benchmarks/floors.py --remat stack compares the older way)
 POLICY = None  # enable(policy=...) of every run; None: the default (benchmarks/floors.py --policy compares)
-BANISH = 0  # enable(banish_depth=...) of every run (benchmarks/floors.py --banish compares)
+BANISH = None  # enable(banish_depth=...) of every run; None: the default (benchmarks/floors.py --banish compares)
 
 
 def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True,
@@ -122,8 +122,8 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
     with ``TooMuchRecomputation`` once that many recipes have been run again."""
     assert not torch_dtr.enabled()
     gc.collect()
-    torch_dtr.enable(budget=budget, costs=costs, remat=REMAT, banish_depth=BANISH,
-                     **({"policy": POLICY} if POLICY else {}))
+    torch_dtr.enable(budget=budget, costs=costs, remat=REMAT, **({"policy": POLICY} if POLICY else {}),
+                     **({} if BANISH is None else {"banish_depth": BANISH}))
     over = [0]
     try:
         rt = torch_dtr.runtime()

@@ -136,20 +136,27 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    of handle-less values ending there, where a link is an op that reads two or more handle-less values
 #    (a sum of things nobody else holds; an in-place unary op on a view adds none). A pinned storage
 #    counts as the limit: it stays resident for its readers and cannot be recomputed anyway.
-# 3. At ``banish_depth`` links, the readers of the value whose outputs are all resident and no larger
-#    than it lose their recipes: their outputs are pinned (``invalidate``), the value and, recursively,
-#    the chain behind it are released. So the running total is pinned while it is held and the chain
-#    costs nothing; the next total is banished at once (its input is pinned, rule 2), so a sum over T
-#    steps keeps one total resident, as plain PyTorch's in-place accumulation does.
-# 4. The price: a banished output is never evicted while it has handles. The size rule means banishing
-#    never adds resident bytes when it happens (the value it frees is at least as large).
+# 3. At ``banish_depth`` links, the readers of the value whose outputs are all resident (or released) and
+#    no larger than it lose their recipes: their outputs are pinned (``invalidate``), the value and,
+#    recursively, the chain behind it are released. So the running total is pinned while it is held and
+#    the chain costs nothing; the next total is banished at once (its input is pinned, rule 2), so a sum
+#    over T steps keeps one total resident, as plain PyTorch's in-place accumulation does. A pinned value
+#    (banished or not) that loses its last handle hands the pin to its resident readers whatever their
+#    size: it is freed and nothing is added (they are resident already). With the size rule there too, such
+#    values stayed resident for as long as any reader's recipe lived (the bench's LSTM loop failed at 60%
+#    with 9.7 MiB of them at depth 1; a recorded CNN log at 0.9 of its peak).
+# 4. The price: a banished output is never evicted while it has handles. The size rule means banishing an
+#    evicted value never adds resident bytes when it happens (the value it frees is at least as large).
 # 5. Pinned by choice, not because no schedule could do otherwise: the single-op floor leaves banished
-#    bytes out (``banished_bytes``), so it stays a lower bound for any schedule.
-# 6. Off by default (``banish_depth=0``): measured (docs/design.md, Banishing), it is not a robust win. On
-#    the bench's LSTM loop (width 384) 16 links train it at 55% of its peak, where it fails without
-#    banishing, but 32 and 48 links fail at 60%, where it trains without; 16 and 32 pin ResNet-32's
-#    residual gradient stream and make its shared log worse at 0.2 of its peak (h_DTR^eq 1.31 -> 1.35,
-#    past the authors' 1.33).
+#    bytes out (``banished_bytes``; in a ``BudgetError``, those the op in flight does not read), so it stays
+#    a lower bound for any schedule.
+# 6. Live, the default depth is 2 (``eager.front.DEFAULT_BANISH_DEPTH``, since 2026-11-25 evening): measured
+#    (docs/design.md, Banishing) on the tests' models' smallest feasible budgets it is never worse than no
+#    banishing and lower on five of eight (GPT-2 31% -> 25% of the peak, LSTM loop 65% -> 54%), and the
+#    bench's LSTM loop trains at 50% of its peak, where it fails without. ``Runtime``'s own default, which
+#    the replay of operator logs uses, stays 0: in those logs every weight gradient is an output whose
+#    recipe lives to the end of the step (live they are plain ``p.grad`` constants), so a banished value
+#    read by one stays resident, and the shared ResNet-32 log fails at 0.2 of its peak with banishing.
 
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
@@ -382,11 +389,11 @@ class Runtime:
             return
         for op in list(s.children):
             outs = op.outputs
-            if (op.compute is None or not all(o.resident for o in outs)
-                    or sum(o.nbytes for o in outs) > s.nbytes):
+            if (op.compute is None or not all(o.resident or o.released for o in outs)
+                    or (not s.pinned and sum(o.nbytes for o in outs if not o.released) > s.nbytes)):
                 continue
             self.banished += 1
-            fresh = [o for o in outs if not o.pinned]
+            fresh = [o for o in outs if not o.pinned and not o.released]
             self.invalidate([op], "banished: it read the end of a long chain of values without handles")
             for o in fresh:  # pinned by choice, not by necessity: the floor leaves them out (rule 5)
                 o.banished = True
@@ -602,8 +609,12 @@ class Runtime:
         held = self.memory.tracked
         locked = sum(s.nbytes for s in self.candidates if s.locks)
         need = held + nbytes
-        if not self._recomputing and need > self.floor:  # the driver's op: its inputs are what is locked
-            self.floor, self.floor_op = need, where
+        # the driver's op: its inputs are what is locked; bytes pinned by banishing are a choice, not a need
+        # (NOTE [ Banishing ] 5), so they stay out of the floor unless the op reads them (locked)
+        if not self._recomputing:
+            chosen = sum(s.nbytes for s in self.live if s.banished and not s.locks) if self.banished_bytes else 0
+            if need - chosen > self.floor:
+                self.floor, self.floor_op = need - chosen, where
         floor = ""
         if self.floor:
             below = "below it no schedule can run" if self.floor > self.budget else "the budget is above it"  # type: ignore[operator]

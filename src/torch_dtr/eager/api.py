@@ -13,6 +13,7 @@ import torch
 from ..core import Listener, Stats
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
+from .front import DEFAULT_BANISH_DEPTH
 from .front import Front
 from .tensor import DTRTensor
 
@@ -46,7 +47,7 @@ def parse_budget(budget: int | str | None) -> int | None:
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
-           remat: str = "plan", banish_depth: int = 0) -> None:
+           remat: str = "plan", banish_depth: int = DEFAULT_BANISH_DEPTH) -> None:
     """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing.
 
     ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
@@ -54,7 +55,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     ``"time"`` (measured around each call, as before 2026-11-23). ``remat``: how evicted inputs come back,
     ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons).
     ``banish_depth``: a running sum of values nobody holds is pinned, and the chain behind it freed, once the
-    chain has this many links (NOTE [ Banishing ]; 0, the default: never; 16 helps some recurrences)."""
+    chain has this many links (NOTE [ Banishing ]; 2 by default since 2026-11-25 evening; 0: never)."""
     global _LAST
     if _front._ACTIVE is not None:
         raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "

@@ -81,12 +81,16 @@ def _is_cuda(refs: list[Ref], consts: list[torch.Tensor]) -> bool:
     return bool(consts) and consts[0].is_cuda
 
 
+# The live default of NOTE [ Banishing ] (rule 6 says why 2, and why replays of operator logs keep 0).
+DEFAULT_BANISH_DEPTH = 2
+
+
 class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
                  min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
-                 banish_depth: int = 0) -> None:
+                 banish_depth: int = DEFAULT_BANISH_DEPTH) -> None:
         extra = None
         if torch.cuda.is_available():
             extra = torch.cuda.memory_allocated
