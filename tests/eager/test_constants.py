@@ -185,3 +185,37 @@ def test_budget_error_keeps_the_values_the_user_holds():
     finally:
         torch_dtr.disable()
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(values, again, strict=True))
+
+
+def _write_to_a_pinned_value_that_a_recipe_reads(managed: bool) -> list[torch.Tensor]:
+    """``a`` reads a weight that then changes, so its recipe is dropped and it is pinned; ``b`` still reads
+    ``a`` (its recipe kept), and then ``a`` is written in place. ``b`` must come back from the old ``a``."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    x = torch.randn(4, 8)
+    a = x @ w
+    b = a.sin()
+    if managed:
+        evict_all()  # a and b evicted: the write to w strands a (it has a handle), so a is pinned
+    with torch.no_grad():
+        w.add_(1.0)
+    if managed:
+        evict_all()  # b evicted again (a is pinned now)
+    a.mul_(3.0)  # the old a has no recipe left and b's recipe reads it: the write must go to a copy
+    return [plain(b), plain(a), plain(b.cos())]
+
+
+def test_an_in_place_write_to_a_pinned_value_keeps_the_old_value_for_readers():
+    # found by the conformance suite's ormqr (a banished value written in place, 2026-11-25): the write
+    # took the only buffer of a value that cannot be recomputed, and a reader's recomputation raised
+    # ConstantChangedError
+    want = _write_to_a_pinned_value_that_a_recipe_reads(False)
+    torch_dtr.enable(budget=None)
+    try:
+        got = _write_to_a_pinned_value_that_a_recipe_reads(True)
+        rt = torch_dtr.runtime()
+        assert rt.rematerializations > 0
+        rt.check()
+    finally:
+        torch_dtr.disable()
+    assert all(torch.equal(g, v) for g, v in zip(got, want, strict=True))

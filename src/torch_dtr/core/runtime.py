@@ -474,6 +474,9 @@ class Runtime:
         """
         if not old.resident or old.released:
             internal_assert(False, f"in-place write to non-resident {old}")
+        if payload is None and old.deps > 0 and (old.op is None or old.op.compute is None):
+            internal_assert(False, f"in-place write to {old}, which recipes read and nothing can recompute: "
+                                   f"the write must go to a copy")
         if payload is not None:
             new = self.output(op, old.nbytes, payload)
         else:  # the bytes move from old to new: tracked does not change

@@ -19,8 +19,10 @@ from .tensor import Geom, view_of
 #    and its bytes; the old version keeps its recipe and becomes evicted. Recipes that read the old
 #    version still recompute the value it had (copy-on-write without the copy).
 # 2. The recipe of the new version clones the old version's storage and replays the write on the clone.
-# 3. When the old version cannot be recomputed (pinned) but a live recipe still reads it, the write goes
-#    to a real copy instead, so the old value stays resident for its readers.
+# 3. When the old version cannot be recomputed (no recipe, or its recipe was dropped: a changed constant,
+#    banishing) but a live recipe still reads it, the write goes to a real copy instead, so the old value
+#    stays resident for its readers (checking only for "no recipe" lost the old value: a reader's
+#    recomputation raised ``ConstantChangedError``; ``Runtime.new_version`` now asserts it).
 # 4. A constant (parameter, buffer, input) written by a recorded op (BatchNorm's running statistics:
 #    ``native_batch_norm`` writes them without saying so in its schema) is detected by its version
 #    counter; a replay writes to a scratch clone, never to the constant. Training-mode BatchNorm does not
