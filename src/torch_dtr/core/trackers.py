@@ -145,7 +145,10 @@ class UnionFind(Tracker):
             a.uf = None
 
     def extra(self, s: Storage) -> Any:
-        roots = {n.aux.uf.find() for n in s.neighbours() if n.aux is not None and n.aux.uf is not None and _evicted(n)}
+        # an ordered set (not a set of objects hashed by address): the float sum then adds in the same order
+        # in every run, so near-ties break the same way (docs/determinism.md)
+        roots = dict.fromkeys(n.aux.uf.find() for n in s.neighbours()
+                              if n.aux is not None and n.aux.uf is not None and _evicted(n))
         return sum(r.cost for r in roots)
 
     def grouped(self, s: Storage) -> bool:
@@ -178,7 +181,7 @@ class ChainTracker(UnionFind):
             i.down = max(i.down, down + 2)
 
     def extra(self, s: Storage) -> Chain:
-        roots: set[UFNode] = set()
+        roots: dict[UFNode, None] = {}  # ordered, as in UnionFind.extra
         up = down = 0
         path = 0.0
         op = s.op
@@ -192,7 +195,7 @@ class ChainTracker(UnionFind):
                     up = max(up, a.up)
                     path = max(path, a.path)
                     if a.uf is not None:
-                        roots.add(a.uf.find())
+                        roots[a.uf.find()] = None
         for c in s.children:
             for o in c.outputs:
                 if _evicted(o):
@@ -202,7 +205,7 @@ class ChainTracker(UnionFind):
                         continue
                     down = max(down, a.down)
                     if a.uf is not None:
-                        roots.add(a.uf.find())
+                        roots[a.uf.find()] = None
         return Chain(sum(r.cost for r in roots), path, up + down + 1)
 
 
