@@ -49,6 +49,10 @@ class Policy:
     name: str
     score: Score
     extra: str = ""  # a kind registered in trackers.TRACKERS
+    # an ``extra`` no real one is below, for which the score is no larger than with any real one (the score
+    # never decreases as ``extra`` grows): the search skips a candidate's ``extra`` when even this bound
+    # cannot beat the best so far, so it chooses exactly as without it. None: no such bound (always compute)
+    extra_floor: Any = None
 
     def __post_init__(self) -> None:
         if self.extra not in TRACKERS:
@@ -84,12 +88,12 @@ def register(policy: Policy) -> Policy:
     return policy
 
 
-register(Policy("dtr_eq", _h_dtr, "uf"))
-register(Policy("dtr", _h_dtr, "exact"))
+register(Policy("dtr_eq", _h_dtr, "uf", 0.0))  # extra: a sum of costs, >= 0
+register(Policy("dtr", _h_dtr, "exact", 0.0))
 register(Policy("dtr_local", _h_dtr, ""))
 register(Policy("lru", _lru, ""))
 register(Policy("size", _size, ""))
-register(Policy("msps", _msps, "ancestors"))
+register(Policy("msps", _msps, "ancestors", 0.0))
 register(Policy("dtr_chain", _h_chain, "chain"))
 
 DEFAULT_POLICY = "dtr_eq"  # see dtr_chain above for why

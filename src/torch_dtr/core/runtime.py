@@ -672,13 +672,20 @@ class Runtime:
     def _best(self, pool: Any, floor: float) -> Storage | None:
         score = self.policy.score
         extra = self.tracker.extra if self.tracker.scores else None
+        bound = self.policy.extra_floor if extra is not None else None
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
         for s in pool:
             if s.locks or s.nbytes < floor or s.nbytes == 0:
                 continue
-            v = score(s.cost, s.nbytes, now - s.last_access + 1e-9, extra(s) if extra else 0.0)
+            stale = now - s.last_access + 1e-9
+            if extra is None:
+                v = score(s.cost, s.nbytes, stale, 0.0)
+            elif bound is not None and score(s.cost, s.nbytes, stale, bound) >= best_score:
+                continue  # even its smallest possible score does not win: its extra is not needed
+            else:
+                v = score(s.cost, s.nbytes, stale, extra(s))
             if v < best_score:
                 best, best_score = s, v
         return best

@@ -13,8 +13,7 @@ import torch
 from ..core import Listener, Stats
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
-from .front import DEFAULT_BANISH_DEPTH
-from .front import Front
+from .front import DEFAULT_BANISH_DEPTH, Front
 from .tensor import DTRTensor
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
