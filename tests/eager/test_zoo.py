@@ -19,7 +19,7 @@ import torch_dtr
 
 STEPS = 2
 FLOOR_MARGIN = 1.25
-# Measured 2026-11-25 evening (modelled costs, so the same in every run). Strict: a fix shows up as XPASS and
+# Measured 2026-11-25, 08:00 UTC (modelled costs, so the same in every run). Strict: a fix shows up as XPASS and
 # fails, so the entry gets removed.
 KNOWN_LOW = {
     "nn_gru": "BudgetError at 50% (1.54x the floor): 1.2 KiB short while recomputing a running sum's add, with "

@@ -150,7 +150,7 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 5. Pinned by choice, not because no schedule could do otherwise: the single-op floor leaves banished
 #    bytes out (``banished_bytes``; in a ``BudgetError``, those the op in flight does not read), so it stays
 #    a lower bound for any schedule.
-# 6. Live, the default depth is 2 (``eager.front.DEFAULT_BANISH_DEPTH``, since 2026-11-25 evening): measured
+# 6. Live, the default depth is 2 (``eager.front.DEFAULT_BANISH_DEPTH``, since 2026-11-25, 08:00 UTC): measured
 #    (docs/design.md, Banishing) on the tests' models' smallest feasible budgets it is never worse than no
 #    banishing and lower on five of eight (GPT-2 31% -> 25% of the peak, LSTM loop 65% -> 54%), and the
 #    bench's LSTM loop trains at 50% of its peak, where it fails without. ``Runtime``'s own default, which

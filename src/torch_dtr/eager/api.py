@@ -54,7 +54,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     ``"time"`` (measured around each call, as before 2026-11-23). ``remat``: how evicted inputs come back,
     ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons).
     ``banish_depth``: a running sum of values nobody holds is pinned, and the chain behind it freed, once the
-    chain has this many links (NOTE [ Banishing ]; 2 by default since 2026-11-25 evening; 0: never)."""
+    chain has this many links (NOTE [ Banishing ]; 2 by default since 2026-11-25, 08:00 UTC; 0: never)."""
     global _LAST
     if _front._ACTIVE is not None:
         raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "
