@@ -24,7 +24,8 @@ from coredrive import Driver, full_check
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from torch_dtr.core import BudgetError
+from torch_dtr.core import BudgetError, Policy
+from torch_dtr.core.policies import get_policy
 
 BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
 MOD = (1 << 61) - 1
@@ -218,3 +219,23 @@ def test_single_output_programs(prog: Program, frac: float, policy: str, sample:
 @given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans(), st.sampled_from(REMAT))
 def test_multi_output_programs(prog: Program, frac: float, policy: str, sample: bool, remat: str) -> None:
     _check_program(prog, frac, policy, sample, remat)
+
+
+# The eviction search's bound (``Policy.extra_floor``) must not change a single choice: the same program at
+# the same budget makes the same events with and without it (docs/design.md, Decisions).
+_UNPRUNED = {name: Policy(f"{name}_unpruned", get_policy(name).score, get_policy(name).extra)
+             for name in ("dtr_eq", "dtr", "msps")}
+
+
+@SETTINGS
+@given(programs(multi_output=True), FRAC, st.sampled_from(sorted(_UNPRUNED)))
+def test_the_search_bound_changes_no_choice(prog: Program, frac: float, policy: str) -> None:
+    steps, values, _, lo, safe = plan(prog)
+    _, _, free = execute(prog, steps, values, None, safe, policy, False)
+    budget = lo + round(frac * (max(free.rt.stats().peak_bytes, lo) - lo))
+    runs = [execute(prog, steps, values, budget, safe, p, False) for p in (policy, _UNPRUNED[policy])]
+    (seen_a, err_a, a), (seen_b, err_b, b) = runs
+    assert get_policy(policy).extra_floor is not None and _UNPRUNED[policy].extra_floor is None
+    assert seen_a == seen_b and err_a == err_b
+    assert [(k, s.sid if s is not None else None) for k, s in a.events] == \
+           [(k, s.sid if s is not None else None) for k, s in b.events]
