@@ -264,3 +264,32 @@ def test_backward_on_another_thread():
     assert not errors
     for r, p in zip(ref, model.parameters(), strict=True):
         assert type(p.grad) is torch.Tensor and torch.equal(r, p.grad)
+
+
+def test_an_evicted_in_place_chain_comes_back_in_one_buffer():
+    # y = x * 2 then three in-place ops (an activation written in place, as LSTMCell's gates and dropout's
+    # bernoulli_ are): every old version is read only by the next write's recipe, so the replay writes in
+    # place as the first run did (NOTE [ Planned rematerialization ] 6) and needs one buffer, not two
+    torch.manual_seed(0)
+    x = torch.randn(128, 128, requires_grad=True)
+    with torch.no_grad():
+        want = (x * 2).sigmoid_().mul_(3).add_(1)
+    torch_dtr.enable(budget=None)
+    try:
+        y = x * 2
+        y.sigmoid_()
+        y.mul_(3)
+        y.add_(1)
+        assert type(y) is DTRTensor
+        rt = torch_dtr.runtime()
+        assert evict_all() == 1  # the newest version; the older ones were never resident beside it
+        base = rt.memory.tracked  # x (a constant) and nothing else
+        one = 128 * 128 * 4
+        with torch_dtr.budget(base + one):  # room for one 64 KiB buffer
+            rt.reset_peak()
+            got = plain(y)
+        assert rt.rematerializations == 4 and rt.memory.peak <= base + one
+        rt.check()
+    finally:
+        torch_dtr.disable()
+    assert torch.equal(got, want)

@@ -77,17 +77,21 @@ class Op:
 
     ``compute()`` is supplied by the front end. It is called only when every input is resident and
     returns one payload per output (in order; the runtime ignores payloads of outputs that are already
-    resident or released).
+    resident or released). ``writes``: inputs whose value the recipe writes in place into an output (an
+    in-place op's old version, which it copies first); when the runtime knows that nothing else needs one
+    of them, it calls ``compute(lend)`` instead, and the recipe may write into the storages of ``lend``
+    without copying them (NOTE [ Planned rematerialization ] 6).
     """
 
-    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name", "why")
+    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name", "why", "writes")
 
     def __init__(
         self,
         inputs: Sequence[Storage],
         cost: float,
-        compute: Callable[[], Sequence[Any]] | None,
+        compute: Callable[..., Sequence[Any]] | None,
         name: str = "",
+        writes: Sequence[Storage] = (),
     ) -> None:
         self.inputs: tuple[Storage, ...] = tuple(dict.fromkeys(inputs))  # distinct, in order
         self.outputs: list[Storage] = []
@@ -96,6 +100,7 @@ class Op:
         self.live = 0  # outputs not yet released
         self.name = name
         self.why: str | None = None  # set by ``Runtime.invalidate``: why the recipe can no longer run
+        self.writes: tuple[Storage, ...] = tuple(writes)
 
     def __repr__(self) -> str:
         return f"Op({self.name or '?'}, in={[s.sid for s in self.inputs]}, out={[s.sid for s in self.outputs]})"

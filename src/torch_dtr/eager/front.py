@@ -341,7 +341,7 @@ class Front:
                 kept = [(c, c._version) for c in consts]
         recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written), self.oom,
                         torch.is_grad_enabled())
-        op = rt.ran(ins, cost, recipe, fi.name)
+        op = rt.ran(ins, cost, recipe, fi.name, written)
         if kept:
             self.consts.read_by(op, [c for c, _ in kept])  # type: ignore[arg-type]
         return op, recipe

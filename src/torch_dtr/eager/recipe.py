@@ -108,7 +108,9 @@ class Recipe:
         self.oom = oom
         self.grad = grad
 
-    def __call__(self) -> list[torch.Tensor]:
+    def __call__(self, lend: Any = ()) -> list[torch.Tensor]:
+        """Replay; ``lend``: old versions in ``cow`` that nothing else needs, written in place instead of
+        copied (core ``Op.writes``), as the first run did."""
         for c, v in self.consts:
             if c._version != v:
                 raise ConstantChangedError(
@@ -118,7 +120,8 @@ class Recipe:
                     f"different value. Use managed tensors from before such a change only before it, or "
                     f"keep them with torch_dtr.unwrap(t)."
                 )
-        override = {s: clone_storage(s.payload) for s in self.cow} if self.cow else None
+        override = ({s: s.payload if s in lend else clone_storage(s.payload) for s in self.cow}
+                    if self.cow else None)
         args = fill(self.args, override, self.scratch)
         kwargs = {k: fill(v, override, self.scratch) for k, v in self.kwargs.items()} if self.kwargs else {}
         try:
@@ -126,7 +129,7 @@ class Recipe:
         except torch.OutOfMemoryError:
             if self.oom is None:
                 raise
-            need = sum(int(p.untyped_storage().nbytes()) for p in (override or {}).values())
+            need = sum(int(p.untyped_storage().nbytes()) for s, p in (override or {}).items() if s not in lend)
             out = retry_on_oom(self.oom, lambda: self._call(args, kwargs), need, None)
         flat = flat_outputs(out)
         return [flat[o] if type(o) is int else override[o] for o in self.outs]  # type: ignore[index]
