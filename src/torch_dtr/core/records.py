@@ -56,6 +56,11 @@ class Storage:
         self.banished = False  # pinned (and resident) because its recipe was banished
 
     @property
+    def recomputable(self) -> bool:
+        """Whether a recipe can bring it back (none: a pinned output; dropped: invalidated or banished)."""
+        return self.op is not None and self.op.compute is not None
+
+    @property
     def cost(self) -> float:
         return self.op.cost if self.op is not None else 0.0
 

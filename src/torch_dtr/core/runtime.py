@@ -483,7 +483,7 @@ class Runtime:
         """
         if not old.resident or old.released:
             internal_assert(False, f"in-place write to non-resident {old}")
-        if payload is None and old.deps > 0 and (old.op is None or old.op.compute is None):
+        if payload is None and old.deps > 0 and not old.recomputable:
             internal_assert(False, f"in-place write to {old}, which recipes read and nothing can recompute: "
                                    f"the write must go to a copy")
         if payload is not None:

@@ -274,7 +274,7 @@ class Front:
         # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
         need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
         # NOTE [ In-place mutation ] 3: a version nothing can recompute that recipes still read keeps its buffer
-        copies = [s for s in cow if (s.op is None or s.op.compute is None) and s.deps > 0] if cow else None
+        copies = [s for s in cow if s.deps > 0 and not s.recomputable] if cow else None
         if copies:
             need += sum(s.nbytes for s in copies)
         if rt.budget is not None:
