@@ -131,10 +131,13 @@ def test_stranded_names_the_evicted_values_with_handles_an_invalidation_would_lo
 def test_invalidate_after_rescuing_keeps_every_held_value_and_releases_the_rest() -> None:
     d, (k, a, b, c) = _changed_chain()
     rt = d.rt
-    for s in rt.stranded([a.op]):  # what the front end does before a write (NOTE [ Changed inputs ] 2)
+    ops = [a.op]  # the recipes that read k
+    for s in rt.stranded(ops):  # what the front end does before a write (NOTE [ Changed inputs ] 2)
         rt.rematerialize(s)
         rt.pin(s)
-    rt.invalidate([a.op], "k changed")
+    # pinning b dropped b's recipe (NOTE [ Lifetimes ] 5), and with it a, which only b's recipe read
+    assert a.released and b.op.compute is None
+    rt.invalidate(ops, "k changed")  # a's recipe went with a: nothing left to do
     assert a.released, "nothing needs a any more: b is pinned, its recipe dropped"
     assert b.resident and b.pinned and b.payload == 4
     assert c.resident and not c.pinned and c.op.compute is not None, "c's recipe reads b, which stays"
@@ -157,4 +160,50 @@ def test_a_lost_value_raises_constant_changed_when_read() -> None:
     rt.drop_ref(c)
     rt.drop_ref(b)
     assert b.released and c.released and len(rt.live) == 1  # only k
+    full_check(rt)
+
+
+def test_pinning_every_live_output_drops_the_recipe_and_what_only_it_read() -> None:
+    # NOTE [ Lifetimes ] 5: a pinned value is never recomputed, so its recipe need not keep its inputs.
+    d = Driver(None, "dtr_eq")
+    rt = d.rt
+    k = d.const(10, 1)
+    a = d.op1([k], 1, 40, lambda v: v + 1, "a")
+    x, y = d.op([a], 1, [4, 8], lambda v: [v * 2, v * 3], "xy")
+    rt.drop_ref(a)  # only xy's recipe reads a now: evicted at once, kept for it
+    assert not a.released and a.deps == 1
+    rt.pin(x)
+    assert not a.released and x.op.compute is not None, "y can still be evicted and needs the recipe"
+    rt.evict(y)
+    assert d.read(y) == 6
+    rt.pin(y)
+    assert x.op.compute is None and a.released, "both outputs pinned: the recipe and a go"
+    assert d.read(x) == 4 and d.read(y) == 6
+    full_check(rt)
+
+
+def test_releasing_the_last_unpinned_output_drops_the_recipe() -> None:
+    d = Driver(None, "dtr_eq")
+    rt = d.rt
+    k = d.const(10, 1)
+    a = d.op1([k], 1, 40, lambda v: v + 1, "a")
+    x, y = d.op([a], 1, [4, 8], lambda v: [v * 2, v * 3], "xy")
+    rt.drop_ref(a)
+    rt.pin(x)
+    rt.drop_ref(y)  # y released: x, pinned, is the only live output left
+    assert y.released and x.op.compute is None and a.released
+    assert d.read(x) == 4
+    full_check(rt)
+
+
+def test_a_pinned_evicted_value_keeps_its_recipe() -> None:
+    d = Driver(None, "dtr_eq")
+    rt = d.rt
+    k = d.const(10, 1)
+    a = d.op1([k], 1, 40, lambda v: v + 1, "a")
+    b = d.op1([a], 1, 40, lambda v: v * 2, "b")
+    rt.evict(b)
+    rt.pin(b)  # pinned while evicted: it must still come back
+    assert b.op.compute is not None
+    assert d.read(b) == 4
     full_check(rt)

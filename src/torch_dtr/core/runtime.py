@@ -48,6 +48,10 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    evictions chosen by the policy.
 # 4. So nothing accumulates across iterations: when an iteration's tensors die, every storage they
 #    produced is released and tracked bytes return to the constants.
+# 5. A recipe whose every live output is pinned (a value the program unwrapped, a value kept when a constant
+#    changed) never runs again, so it is dropped when the last of them is pinned or the last other output is
+#    released, and its inputs lose a dependent. Before, a loss the program held and read as a float kept the
+#    32 MiB log-softmax its recipe reads resident through the next step (the bench's GPT-2 failed at 30%).
 
 # NOTE [ Locks during rematerialization ]
 #
@@ -192,6 +196,11 @@ class Stats:
 
 def _sid(s: Storage) -> int:
     return s.sid
+
+
+def _all_pinned(op: Op) -> bool:
+    """Whether every live output of ``op`` is pinned and resident: its recipe never runs again."""
+    return all(o.released or (o.pinned and o.resident) for o in op.outputs)
 
 
 class Runtime:
@@ -426,7 +435,9 @@ class Runtime:
             if op is None:
                 continue
             op.live -= 1
-            if op.live == 0:
+            if op.live and op.compute is not None and _all_pinned(op):
+                self.invalidate([op], "its outputs are pinned, so it never runs again")  # NOTE [ Lifetimes ] 5
+            elif op.live == 0:
                 op.compute = None
                 for i in op.inputs:
                     i.deps -= 1
@@ -504,10 +515,16 @@ class Runtime:
         return new
 
     def pin(self, s: Storage) -> None:
-        """Never evict ``s`` from now on (its memory is shared with something the runtime cannot see)."""
+        """Never evict ``s`` from now on (its memory is shared with something the runtime cannot see).
+
+        A recipe whose every live output is pinned (and resident) will never run again: it is dropped
+        (NOTE [ Lifetimes ] 5), so what only it read is released."""
         if not s.pinned:
             s.pinned = True
             self._drop_candidate(s)
+            op = s.op
+            if op is not None and op.compute is not None and _all_pinned(op):
+                self.invalidate([op], "its outputs are pinned, so it never runs again")
 
     # ------------------------------------------------------------------ changed inputs
     def stranded(self, ops: Sequence[Op]) -> list[Storage]:

@@ -239,7 +239,7 @@ class Front:
             fresh, aliased = self._fresh(fi, flat, refs)
             if fi.learns_size:  # NOTE [ Size prediction ] 6
                 self.sizes.learn(fi, pargs, pkwargs, sum(flat[i].untyped_storage().nbytes() for i in fresh))
-            written = [s for s in cow if not (s.op is None and s.deps == 0)]  # pinned, unread: plain write
+            written = [s for s in cow if s.deps or s.recomputable]  # else pinned and unread: a plain write
             op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, rng, cost,
                                       fresh, written, flat)
             if on_cuda and op is not None and self.timer is not None:

@@ -22,7 +22,10 @@ from .tensor import Geom, view_of
 # 3. When the old version cannot be recomputed (no recipe, or its recipe was dropped: a changed constant,
 #    banishing) but a live recipe still reads it, the write goes to a real copy instead, so the old value
 #    stays resident for its readers (checking only for "no recipe" lost the old value: a reader's
-#    recomputation raised ``ConstantChangedError``; ``Runtime.new_version`` now asserts it).
+#    recomputation raised ``ConstantChangedError``; ``Runtime.new_version`` now asserts it). When no
+#    recipe reads it, the write goes to its buffer and makes no new version: it stays pinned, as plain
+#    PyTorch's tensor would (a recipe dropped because its outputs are pinned, NOTE [ Lifetimes ] 5, is
+#    "cannot be recomputed" as much as "no recipe").
 # 4. A constant (parameter, buffer, input) written by a recorded op (BatchNorm's running statistics:
 #    ``native_batch_norm`` writes them without saying so in its schema) is detected by its version
 #    counter; a replay writes to a scratch clone, never to the constant. Training-mode BatchNorm does not
