@@ -129,12 +129,40 @@ def test_an_unheld_plan_evicts_what_its_next_steps_read_last() -> None:
     p = d.op1([c], 1, 8, lambda v: v + 1)  # the oldest: LRU's pick
     q = d.op1([c], 1, 8, lambda v: v + 2)
     assert rt._choose() is p
-    rt._soft = {p: 1}  # a pending step reads p
+    x = d.op1([p], 1, 4, lambda v: v * 2)
+    rt.evict(x)
+    rt._soft, rt._steps, rt._roots = {p: 1}, [x], ()  # the plan's pending step (x's recipe) reads p
     try:
         assert rt._choose() is q
         rt.lock([q])
         assert rt._choose() is p  # nothing else can go
         rt.unlock([q])
     finally:
-        rt._soft = None
+        rt._soft, rt._steps = None, None
+    full_check(rt)
+
+
+def test_an_unheld_plan_evicts_the_planned_value_read_furthest_ahead() -> None:
+    # NOTE [ Planned rematerialization ] 4: among values the plan still reads, Belady's rule, not the
+    # policy's score (LRU here would take q, the oldest; the next step reads q, so p goes)
+    d = Driver(None, "lru")
+    rt = d.rt
+    c = d.const(10, 0)
+    q = d.op1([c], 1, 8, lambda v: v + 2)
+    p = d.op1([c], 1, 8, lambda v: v + 1)
+    y = d.op1([q], 1, 4, lambda v: v * 3)  # reads q
+    x = d.op1([p], 1, 4, lambda v: v * 2)  # reads p (so q is the least recently used)
+    rt.evict(x)
+    rt.evict(y)
+    assert rt._choose() is q
+    rt._soft, rt._steps, rt._roots = {p: 1, q: 1}, [x, y], ()  # y's recipe runs next, then x's
+    try:
+        assert rt._choose() is p
+        rt._steps = [y, x]  # x's recipe next
+        assert rt._choose() is q
+        rt._steps = [None, x]  # the caller's op reads the roots last
+        rt._roots = [q]
+        assert rt._choose() is q
+    finally:
+        rt._soft, rt._steps, rt._roots = None, None, ()
     full_check(rt)
