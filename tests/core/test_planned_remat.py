@@ -132,6 +132,7 @@ def test_an_unheld_plan_evicts_what_its_next_steps_read_last() -> None:
     x = d.op1([p], 1, 4, lambda v: v * 2)
     rt.evict(x)
     rt._soft, rt._steps, rt._roots = {p: 1}, [x], ()  # the plan's pending step (x's recipe) reads p
+    rt._steps_rev += 1
     try:
         assert rt._choose() is q
         rt.lock([q])
@@ -155,13 +156,21 @@ def test_an_unheld_plan_evicts_the_planned_value_read_furthest_ahead() -> None:
     rt.evict(x)
     rt.evict(y)
     assert rt._choose() is q
-    rt._soft, rt._steps, rt._roots = {p: 1, q: 1}, [x, y], ()  # y's recipe runs next, then x's
+    def plan(steps, roots=()):  # what bring(hold=False) sets while its plan runs
+        rt._soft, rt._steps, rt._roots = {p: 1, q: 1}, steps, roots
+        rt._steps_rev += 1
+
     try:
+        plan([x, y])  # y's recipe runs next, then x's
         assert rt._choose() is p
-        rt._steps = [y, x]  # x's recipe next
+        plan([y, x])  # x's recipe next
         assert rt._choose() is q
-        rt._steps = [None, x]  # the caller's op reads the roots last
-        rt._roots = [q]
+        plan([None, x], [q])  # the caller's op reads the roots last
+        assert rt._choose() is q
+        rt.lock([q])
+        assert rt._choose() is p, "the next best when the furthest is locked"
+        rt.unlock([q])
+        rt.evict(p)  # the cached order is reused; an evicted value is skipped
         assert rt._choose() is q
     finally:
         rt._soft, rt._steps, rt._roots = None, None, ()

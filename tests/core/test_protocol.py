@@ -207,3 +207,23 @@ def test_a_pinned_evicted_value_keeps_its_recipe() -> None:
     assert b.op.compute is not None
     assert d.read(b) == 4
     full_check(rt)
+
+
+def test_dropping_pinned_recipes_along_a_long_chain_does_not_recurse() -> None:
+    # each op makes [x_k, y_k] from x_{k-1}; every y_k pinned (unwrapped), the x's without handles: releasing
+    # the last x drops 3,000 recipes one after the other (a recursive release hit Python's recursion limit)
+    d = Driver(None, "dtr_eq")
+    rt = d.rt
+    prev = d.const(4, 0)
+    ys = []
+    for k in range(3000):
+        nx, y = d.op([prev], 1, [4, 4], lambda v: [v + 1, v], f"s{k}")
+        rt.pin(y)
+        if k:
+            rt.drop_ref(prev)
+        ys.append(y)
+        prev = nx
+    rt.drop_ref(prev)
+    assert all(y.resident and y.op.compute is None for y in ys)
+    assert len(rt.live) == 1 + len(ys)  # the constant and the pinned values
+    full_check(rt)

@@ -219,3 +219,38 @@ def test_an_in_place_write_to_a_pinned_value_keeps_the_old_value_for_readers():
     finally:
         torch_dtr.disable()
     assert all(torch.equal(g, v) for g, v in zip(got, want, strict=True))
+
+
+def _batch_norm_on_managed_statistics(managed: bool, unwrap: bool) -> list[torch.Tensor]:
+    """Training-mode batch norm whose running statistics are managed values (computed from a tensor that
+    requires grad, then detached), unwrapped (pinned) or not; everything evicted after it. Batch norm
+    writes the statistics without saying so in its schema: a replay must not update them again."""
+    torch.manual_seed(0)
+    w = torch.ones(4, requires_grad=True)
+    x = torch.randn(8, 4) * 3 + 5
+    mean, var = (w * 0.0).detach(), (w * 1.0).detach()
+    if managed and unwrap:
+        torch_dtr.unwrap(mean), torch_dtr.unwrap(var)
+    out = F.batch_norm(x * w, mean, var, training=True, momentum=0.1)
+    first = [plain(mean), plain(var)]
+    if managed:
+        evict_all()
+    stats = [plain(mean), plain(var)]  # recomputed first: they must come back updated, once
+    if managed:
+        evict_all()
+    return [plain(out), *first, *stats, plain(mean), plain(var), plain(out.sum())]
+
+
+@pytest.mark.parametrize("unwrap", [False, True], ids=["recomputable", "pinned"])
+def test_batch_norm_updates_managed_statistics_once(unwrap):
+    # found in review (2026-11-25): a write the recipe did not record (batch norm's hidden writes to managed
+    # statistics; any in-place write to a pinned value that made no new version) was replayed with the
+    # op's other outputs, so the statistics were updated again on every recomputation
+    want = _batch_norm_on_managed_statistics(False, unwrap)
+    torch_dtr.enable(budget=None)
+    try:
+        got = _batch_norm_on_managed_statistics(True, unwrap)
+        torch_dtr.runtime().check()
+    finally:
+        torch_dtr.disable()
+    assert all(torch.equal(g, v) for g, v in zip(got, want, strict=True)), (got, want)

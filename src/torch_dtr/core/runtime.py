@@ -207,6 +207,22 @@ def _all_pinned(op: Op) -> bool:
     return all(o.released or (o.pinned and o.resident) for o in op.outputs)
 
 
+def _drop_recipe(op: Op) -> list[Storage]:
+    """Drop the recipe of ``op``, whose live outputs are all pinned (NOTE [ Lifetimes ] 5); returns its inputs
+    that nothing needs now, for the caller to release (iteratively: a chain of such recipes is as long as the
+    program)."""
+    op.compute = None
+    op.why = "its outputs are pinned, so it never runs again"
+    inputs, op.inputs = op.inputs, ()
+    free = []
+    for i in inputs:
+        i.deps -= 1
+        i.children.remove(op)
+        if i.deps == 0 and i.refs == 0:
+            free.append(i)
+    return free
+
+
 class Runtime:
     def __init__(
         self,
@@ -258,6 +274,9 @@ class Runtime:
         self._soft: dict[Storage, int] | None = None  # an unheld plan's pending reads: evicted last
         self._steps: list[Storage | None] | None = None  # that plan's steps (the next one last)
         self._roots: Sequence[Storage] = ()
+        self._steps_rev = 0  # bumped whenever a plan's steps change (``_furthest`` caches its order per value)
+        self._ahead_rev = -1
+        self._ahead: list[Storage] = []
 
     # ------------------------------------------------------------------ observers
     def listen(self, fn: Listener) -> Callable[[], None]:
@@ -441,8 +460,8 @@ class Runtime:
             if op is None:
                 continue
             op.live -= 1
-            if op.live and op.compute is not None and _all_pinned(op):
-                self.invalidate([op], "its outputs are pinned, so it never runs again")  # NOTE [ Lifetimes ] 5
+            if op.live and op.compute is not None and _all_pinned(op):  # NOTE [ Lifetimes ] 5
+                work.extend(_drop_recipe(op))
             elif op.live == 0:
                 op.compute = None
                 for i in op.inputs:
@@ -530,7 +549,8 @@ class Runtime:
             self._drop_candidate(s)
             op = s.op
             if op is not None and op.compute is not None and _all_pinned(op):
-                self.invalidate([op], "its outputs are pinned, so it never runs again")
+                for i in _drop_recipe(op):
+                    self._release(i)
 
     # ------------------------------------------------------------------ changed inputs
     def stranded(self, ops: Sequence[Op]) -> list[Storage]:
@@ -705,20 +725,25 @@ class Runtime:
 
     def _furthest(self, cands: Any) -> Storage | None:
         """Of the candidates the unheld plan's pending steps read, the one whose next read is furthest
-        ahead (the larger on a tie): NOTE [ Planned rematerialization ] 4."""
-        steps, roots = self._steps, self._roots
-        ahead: dict[Storage, int] = {}  # storage -> steps until its next read
-        n = len(steps)  # type: ignore[arg-type]
-        for k in range(n - 1, -1, -1):
-            st = steps[k]  # type: ignore[index]
-            for i in roots if st is None else st.op.inputs:  # type: ignore[union-attr]
-                if i not in ahead:
-                    ahead[i] = n - k
-        best, key = None, (-1, 0)
-        for s, d in ahead.items():
-            if s.resident and not s.locks and s.nbytes and s in cands and (d, s.nbytes) > key:
-                best, key = s, (d, s.nbytes)
-        return best
+        ahead (the larger on a tie): NOTE [ Planned rematerialization ] 4. The order is computed once per
+        state of the plan's steps (``_steps_rev``), not per eviction."""
+        if self._ahead_rev != self._steps_rev:
+            steps, roots = self._steps, self._roots
+            ahead: dict[Storage, int] = {}  # storage -> steps until its next read
+            n = len(steps)  # type: ignore[arg-type]
+            for k in range(n - 1, -1, -1):
+                st = steps[k]  # type: ignore[index]
+                if st is not None and st.resident:  # brought back with a sibling: popped without running
+                    continue
+                for i in roots if st is None else st.op.inputs:  # type: ignore[union-attr]
+                    if i not in ahead:
+                        ahead[i] = n - k
+            self._ahead = sorted(ahead, key=lambda i: (-ahead[i], -i.nbytes, i.sid))
+            self._ahead_rev = self._steps_rev
+        for s in self._ahead:
+            if s.resident and not s.locks and s.nbytes and s in cands:
+                return s
+        return None
 
     def _best(self, pool: Any, floor: float) -> Storage | None:
         score = self.policy.score
@@ -859,6 +884,7 @@ class Runtime:
         outer = self._soft, self._steps, self._roots
         if not hold:
             self._soft, self._steps, self._roots = pending, steps, roots
+            self._steps_rev += 1
         try:
             while steps:
                 s = steps[-1]
@@ -892,6 +918,7 @@ class Runtime:
                                     o.locks += 1
                                     kept.add(o)
                 steps.pop()
+                self._steps_rev += 1
                 self.unlock(held.pop(s, ()))
                 for i in roots if s is None else s.op.inputs:  # type: ignore[union-attr]
                     left = pending[i] = pending[i] - 1
@@ -903,6 +930,7 @@ class Runtime:
                             self._drop_brought(i)
         finally:
             self._soft, self._steps, self._roots = outer
+            self._steps_rev += 1
             for keep in held.values():
                 self.unlock(keep)
             self.unlock(list(kept))
@@ -911,6 +939,7 @@ class Runtime:
 
     def _push(self, steps: list[Storage | None], pending: dict[Storage, int], missing: list[Storage]) -> int:
         plan = self.plan(missing)
+        self._steps_rev += 1
         for m in plan:
             for i in m.op.inputs:  # type: ignore[union-attr]
                 pending[i] = pending.get(i, 0) + 1

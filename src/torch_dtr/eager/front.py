@@ -241,7 +241,7 @@ class Front:
                 self.sizes.learn(fi, pargs, pkwargs, sum(flat[i].untyped_storage().nbytes() for i in fresh))
             written = [s for s in cow if s.deps or s.recomputable]  # else pinned and unread: a plain write
             op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, rng, cost,
-                                      fresh, written, flat)
+                                      fresh, written, flat, len(written) < len(cow))
             if on_cuda and op is not None and self.timer is not None:
                 self.timer.stop(op, start)  # type: ignore[union-attr]
             results = self._wrap(fi, args, kwargs, targs, tkwargs, op, recipe, flat, fresh, aliased, written, override)
@@ -270,6 +270,11 @@ class Front:
             r = fi.arg(m, targs, tkwargs)
             if type(r) is Ref and r.storage not in cow:
                 cow.append(r.storage)
+        if fi.hidden_writes and fi.arg(fi.training, targs, tkwargs):  # batch norm's statistics, if managed
+            for h in fi.hidden_writes:
+                r = fi.arg(h, targs, tkwargs)
+                if type(r) is Ref and r.storage not in cow:
+                    cow.append(r.storage)
         on_cuda = self.cuda and _is_cuda(refs, consts)
         # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
         need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
@@ -311,13 +316,16 @@ class Front:
     def _record(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, refs: list[Ref],
                 ins: list[Storage], consts: list[torch.Tensor], versions: list[int] | None, rng: RngState | None,
                 cost: float,
-                fresh: list[int], written: list[Storage], flat: list[Any]) -> tuple[Op | None, Recipe | None]:
-        """Tell the runtime the op ran; its recipe when it made storages and can be replayed."""
+                fresh: list[int], written: list[Storage], flat: list[Any],
+                plain_write: bool) -> tuple[Op | None, Recipe | None]:
+        """Tell the runtime the op ran; its recipe when it made storages and can be replayed. ``plain_write``:
+        it wrote a pinned storage in place without a new version (NOTE [ In-place mutation ] 3), which a
+        replay would write again, so it is not replayable."""
         rt = self.rt
         if not (fresh or written):  # views and in-place returns only: no clock advance
             rt.ran(ins, 0.0, None, fi.name)
             return None, None
-        replayable = fi.replayable
+        replayable = fi.replayable and not plain_write
         if replayable and fi.cross_device and refs:
             dev = refs[0].storage.payload.device
             replayable = all(not isinstance(o, torch.Tensor) or o.device == dev for o in flat)
