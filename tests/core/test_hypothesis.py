@@ -222,7 +222,8 @@ def test_multi_output_programs(prog: Program, frac: float, policy: str, sample: 
 
 
 # The eviction search's bound (``Policy.extra_floor``) must not change a single choice: the same program at
-# the same budget makes the same events with and without it (docs/design.md, Decisions).
+# the same budget makes the same events with and without it (docs/design.md, Decisions). The unpruned copies
+# also take the generic loop (no ``h_dtr``), so this compares the inline score too.
 _UNPRUNED = {name: Policy(f"{name}_unpruned", get_policy(name).score, get_policy(name).extra)
              for name in ("dtr_eq", "dtr", "msps")}
 
@@ -236,6 +237,26 @@ def test_the_search_bound_changes_no_choice(prog: Program, frac: float, policy: 
     runs = [execute(prog, steps, values, budget, safe, p, False) for p in (policy, _UNPRUNED[policy])]
     (seen_a, err_a, a), (seen_b, err_b, b) = runs
     assert get_policy(policy).extra_floor is not None and _UNPRUNED[policy].extra_floor is None
+    assert seen_a == seen_b and err_a == err_b
+    assert [(k, s.sid if s is not None else None) for k, s in a.events] == \
+           [(k, s.sid if s is not None else None) for k, s in b.events]
+
+
+# The inline h_DTR loop of the eviction search (``Policy.h_dtr``) must choose exactly as the generic loop that
+# calls ``score``: the same events for the same program and budget.
+_GENERIC = {name: Policy(f"{name}_generic", get_policy(name).score, get_policy(name).extra,
+                         get_policy(name).extra_floor) for name in ("dtr_eq", "dtr", "dtr_local")}
+
+
+@SETTINGS
+@given(programs(multi_output=True), FRAC, st.sampled_from(sorted(_GENERIC)))
+def test_the_inline_score_changes_no_choice(prog: Program, frac: float, policy: str) -> None:
+    steps, values, _, lo, safe = plan(prog)
+    _, _, free = execute(prog, steps, values, None, safe, policy, False)
+    budget = lo + round(frac * (max(free.rt.stats().peak_bytes, lo) - lo))
+    runs = [execute(prog, steps, values, budget, safe, p, False) for p in (policy, _GENERIC[policy])]
+    (seen_a, err_a, a), (seen_b, err_b, b) = runs
+    assert get_policy(policy).h_dtr and not _GENERIC[policy].h_dtr
     assert seen_a == seen_b and err_a == err_b
     assert [(k, s.sid if s is not None else None) for k, s in a.events] == \
            [(k, s.sid if s is not None else None) for k, s in b.events]

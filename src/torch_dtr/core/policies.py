@@ -53,6 +53,9 @@ class Policy:
     # never decreases as ``extra`` grows): the search skips a candidate's ``extra`` when even this bound
     # cannot beat the best so far, so it chooses exactly as without it. None: no such bound (always compute)
     extra_floor: Any = None
+    # the score is h_DTR's formula, (cost + extra) / (nbytes x staleness): the eviction search computes it
+    # inline instead of calling ``score`` for every candidate (the same float operations, so the same choice)
+    h_dtr: bool = False
 
     def __post_init__(self) -> None:
         if self.extra not in TRACKERS:
@@ -88,9 +91,9 @@ def register(policy: Policy) -> Policy:
     return policy
 
 
-register(Policy("dtr_eq", _h_dtr, "uf", 0.0))  # extra: a sum of costs, >= 0
-register(Policy("dtr", _h_dtr, "exact", 0.0))
-register(Policy("dtr_local", _h_dtr, ""))
+register(Policy("dtr_eq", _h_dtr, "uf", 0.0, h_dtr=True))  # extra: a sum of costs, >= 0
+register(Policy("dtr", _h_dtr, "exact", 0.0, h_dtr=True))
+register(Policy("dtr_local", _h_dtr, "", h_dtr=True))
 register(Policy("lru", _lru, ""))
 register(Policy("size", _size, ""))
 register(Policy("msps", _msps, "ancestors", 0.0))

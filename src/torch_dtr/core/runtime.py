@@ -752,6 +752,23 @@ class Runtime:
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
+        if self.policy.h_dtr:  # the same loop with the default's score inline (the hot path of evicting)
+            for s in pool:
+                n = s.nbytes
+                if s.locks or n < floor or n == 0:
+                    continue
+                op = s.op
+                c = op.cost if op is not None else 0.0
+                d = n * (now - s.last_access + 1e-9)
+                if extra is None:
+                    v = (c + 0.0) / d
+                elif bound is not None and (c + bound) / d >= best_score:
+                    continue
+                else:
+                    v = (c + extra(s)) / d
+                if v < best_score:
+                    best, best_score = s, v
+            return best
         for s in pool:
             if s.locks or s.nbytes < floor or s.nbytes == 0:
                 continue
