@@ -231,12 +231,17 @@ _UNPRUNED = {name: Policy(f"{name}_unpruned", get_policy(name).score, get_policy
 @SETTINGS
 @given(programs(multi_output=True), FRAC, st.sampled_from(sorted(_UNPRUNED)))
 def test_the_search_bound_changes_no_choice(prog: Program, frac: float, policy: str) -> None:
+    assert get_policy(policy).extra_floor is not None and _UNPRUNED[policy].extra_floor is None
+    _assert_same_choices(prog, frac, policy, _UNPRUNED[policy])
+
+
+def _assert_same_choices(prog: Program, frac: float, policy: str, other: Policy) -> None:
+    """``policy`` and ``other`` make the same events (evictions, recomputations, ...) on ``prog`` at one budget."""
     steps, values, _, lo, safe = plan(prog)
     _, _, free = execute(prog, steps, values, None, safe, policy, False)
     budget = lo + round(frac * (max(free.rt.stats().peak_bytes, lo) - lo))
-    runs = [execute(prog, steps, values, budget, safe, p, False) for p in (policy, _UNPRUNED[policy])]
+    runs = [execute(prog, steps, values, budget, safe, p, False) for p in (policy, other)]
     (seen_a, err_a, a), (seen_b, err_b, b) = runs
-    assert get_policy(policy).extra_floor is not None and _UNPRUNED[policy].extra_floor is None
     assert seen_a == seen_b and err_a == err_b
     assert [(k, s.sid if s is not None else None) for k, s in a.events] == \
            [(k, s.sid if s is not None else None) for k, s in b.events]
@@ -251,12 +256,5 @@ _GENERIC = {name: Policy(f"{name}_generic", get_policy(name).score, get_policy(n
 @SETTINGS
 @given(programs(multi_output=True), FRAC, st.sampled_from(sorted(_GENERIC)))
 def test_the_inline_score_changes_no_choice(prog: Program, frac: float, policy: str) -> None:
-    steps, values, _, lo, safe = plan(prog)
-    _, _, free = execute(prog, steps, values, None, safe, policy, False)
-    budget = lo + round(frac * (max(free.rt.stats().peak_bytes, lo) - lo))
-    runs = [execute(prog, steps, values, budget, safe, p, False) for p in (policy, _GENERIC[policy])]
-    (seen_a, err_a, a), (seen_b, err_b, b) = runs
     assert get_policy(policy).h_dtr and not _GENERIC[policy].h_dtr
-    assert seen_a == seen_b and err_a == err_b
-    assert [(k, s.sid if s is not None else None) for k, s in a.events] == \
-           [(k, s.sid if s is not None else None) for k, s in b.events]
+    _assert_same_choices(prog, frac, policy, _GENERIC[policy])

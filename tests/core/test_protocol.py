@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from coredrive import Driver, full_check
 
-from torch_dtr.core import BudgetError, Runtime
+from torch_dtr.core import BudgetError, Runtime, Storage
 
 
 def _three() -> tuple[Driver, list]:
@@ -163,15 +163,21 @@ def test_a_lost_value_raises_constant_changed_when_read() -> None:
     full_check(rt)
 
 
-def test_pinning_every_live_output_drops_the_recipe_and_what_only_it_read() -> None:
-    # NOTE [ Lifetimes ] 5: a pinned value is never recomputed, so its recipe need not keep its inputs.
+def _two_outputs_of_a_handleless_value() -> tuple[Driver, Storage, Storage, Storage]:
+    """k (a constant) -> a -> (x, y); a's handle dropped, so only xy's recipe keeps it (evicted, not released)."""
     d = Driver(None, "dtr_eq")
-    rt = d.rt
     k = d.const(10, 1)
     a = d.op1([k], 1, 40, lambda v: v + 1, "a")
     x, y = d.op([a], 1, [4, 8], lambda v: [v * 2, v * 3], "xy")
-    rt.drop_ref(a)  # only xy's recipe reads a now: evicted at once, kept for it
+    d.rt.drop_ref(a)
     assert not a.released and a.deps == 1
+    return d, a, x, y
+
+
+def test_pinning_every_live_output_drops_the_recipe_and_what_only_it_read() -> None:
+    # NOTE [ Lifetimes ] 5: a pinned value is never recomputed, so its recipe need not keep its inputs.
+    d, a, x, y = _two_outputs_of_a_handleless_value()
+    rt = d.rt
     rt.pin(x)
     assert not a.released and x.op.compute is not None, "y can still be evicted and needs the recipe"
     rt.evict(y)
@@ -183,12 +189,8 @@ def test_pinning_every_live_output_drops_the_recipe_and_what_only_it_read() -> N
 
 
 def test_releasing_the_last_unpinned_output_drops_the_recipe() -> None:
-    d = Driver(None, "dtr_eq")
+    d, a, x, y = _two_outputs_of_a_handleless_value()
     rt = d.rt
-    k = d.const(10, 1)
-    a = d.op1([k], 1, 40, lambda v: v + 1, "a")
-    x, y = d.op([a], 1, [4, 8], lambda v: [v * 2, v * 3], "xy")
-    rt.drop_ref(a)
     rt.pin(x)
     rt.drop_ref(y)  # y released: x, pinned, is the only live output left
     assert y.released and x.op.compute is None and a.released
