@@ -116,8 +116,8 @@ def _changed_chain() -> tuple[Driver, list]:
     a = d.op1([k], 1, 10, lambda v: v + 1, "a")
     b = d.op1([a], 1, 10, lambda v: v * 2, "b")
     c = d.op1([b], 1, 10, lambda v: v + 3, "c")
-    d.rt.evict(b)
     d.rt.drop_ref(a)  # no handle, a reader lives: evicted at once (NOTE [ Lifetimes ] 3)
+    d.rt.evict(b)
     assert not a.resident and not b.resident and c.resident
     return d, [k, a, b, c]
 

@@ -342,6 +342,50 @@ def test_handleless_intermediate_stays_while_another_reader_is_evicted() -> None
     full_check(rt)
 
 
+def test_a_value_losing_its_handle_stays_while_a_reader_with_a_handle_is_evicted() -> None:
+    """NOTE [ Lifetimes ] 3: a is the only resident input of the evicted b, which the program still holds.
+    Dropping a would make bringing b back recompute a's whole chain (in a backward pass: every gradient
+    back to the loss, the simulator's recorded MLP at 0.7 of its peak); it stays, to the policy, and is
+    dropped once b is back or b's handle dies."""
+    d = Driver(None)
+    rt = d.rt
+    c = d.const(10, 1)
+    g = d.op1([c], 1, 30, lambda v: v + 1)
+    a = d.op1([g], 1, 30, lambda v: v * 2)
+    b = d.op1([a], 1, 20, lambda v: v * 5)
+    rt.drop_ref(g)  # b resident: g is dropped at once, as before
+    assert not g.resident and rt.drops == 1
+    rt.evict(b)
+    rt.drop_ref(a)
+    assert a.resident and rt.drops == 1 and a in rt.candidates
+    full_check(rt)
+    assert d.read(b) == 20 and rt.rematerializations == 1  # only b's own recipe ran
+    assert not a.resident and rt.drops == 2, "b is back: nothing waits for a any more"
+    full_check(rt)
+    rt.drop_ref(b)  # b dies: released, and nothing else holds a or g
+    assert a.released and b.released and g.released
+    assert rt.memory.tracked == 10
+    full_check(rt)
+
+
+def test_a_kept_input_is_dropped_when_the_evicted_reader_loses_its_handle() -> None:
+    d = Driver(None)
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 30, lambda v: v + 1)
+    b = d.op1([a], 1, 20, lambda v: v * 5)
+    e = d.op1([b], 1, 20, lambda v: v + 3)  # keeps b's recipe alive after b's handle dies
+    rt.evict(b)
+    rt.drop_ref(a)
+    assert a.resident  # b, evicted, has a handle
+    rt.drop_ref(b)  # b is not needed by the program any more, only by e's recipe
+    assert not a.resident and not a.released and rt.drops == 1 and d.events[-1] == ("drop", a)
+    full_check(rt)
+    rt.evict(e)
+    assert d.read(e) == 13 and rt.rematerializations == 3
+    full_check(rt)
+
+
 def test_drop_of_pinned_or_locked_with_dependents_stays_resident() -> None:
     d = Driver(None, banish_depth=0)  # banishing would free the pinned c instead (test_banishing.py)
     rt = d.rt

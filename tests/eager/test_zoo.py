@@ -19,14 +19,10 @@ import torch_dtr
 
 STEPS = 2
 FLOOR_MARGIN = 1.25
-# Measured 2026-11-25, 11:45 UTC (modelled costs, so the same in every run). Strict: a fix shows up as XPASS and
-# fails, so the entry gets removed.
-KNOWN_LOW = {
-    "nn_gru": "BudgetError at 50% (1.54x the floor): 5.2 KiB short while recomputing a running sum's add, with "
-              "145 KiB pinned or kept (banishing at depth 2); fails at 55% too, trains at 60% (issue 13). Without "
-              "banishing: a weight gradient's plan of 585 steps held every forward value and was undone when it "
-              "held none",
-}
+# Models known to fail their low budget, with the measurement (modelled costs, so the same in every run). Strict: a
+# fix shows up as XPASS and fails, so the entry gets removed. nn_gru was here until 2026-11-25 afternoon (5.2 KiB
+# short at 50%); it trains since handle-less inputs of awaited values stay resident (NOTE [ Lifetimes ] 3).
+KNOWN_LOW: dict[str, str] = {}
 _PEAKS: dict[str, int] = {}
 _FLOORS: dict[str, int] = {}
 _PLAIN: dict[str, harness.RunResult] = {}
