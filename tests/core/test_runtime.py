@@ -346,7 +346,7 @@ def test_a_value_losing_its_handle_stays_while_a_reader_with_a_handle_is_evicted
     """NOTE [ Lifetimes ] 3: a is the only resident input of the evicted b, which the program still holds.
     Dropping a would make bringing b back recompute a's whole chain (in a backward pass: every gradient
     back to the loss, the simulator's recorded MLP at 0.7 of its peak); it stays, to the policy, and is
-    dropped once b is back or b's handle dies."""
+    evicted first once b is back, or dropped when b's handle dies."""
     d = Driver(None)
     rt = d.rt
     c = d.const(10, 1)
@@ -360,7 +360,9 @@ def test_a_value_losing_its_handle_stays_while_a_reader_with_a_handle_is_evicted
     assert a.resident and rt.drops == 1 and a in rt.candidates
     full_check(rt)
     assert d.read(b) == 20 and rt.rematerializations == 1  # only b's own recipe ran
-    assert not a.resident and rt.drops == 2, "b is back: nothing waits for a any more"
+    assert a.resident and a.awaits, "kept until memory is needed"
+    full_check(rt)
+    assert rt.evict_some(1) == 30 and not a.resident and b.resident, "b is back: the next eviction takes a first"
     full_check(rt)
     rt.drop_ref(b)  # b dies: released, and nothing else holds a or g
     assert a.released and b.released and g.released

@@ -34,7 +34,7 @@ class Storage:
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "aux", "released", "forward", "chain", "banished", "__weakref__",
+        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
@@ -54,6 +54,7 @@ class Storage:
         self.forward: Storage | None = None  # newer version after an in-place write
         self.chain = 0  # once handle-less: the handle-less recipe chain ending here (NOTE [ Banishing ])
         self.banished = False  # pinned (and resident) because its recipe was banished
+        self.awaits = False  # kept resident without handles for a reader's evicted output (NOTE [ Lifetimes ] 3)
 
     @property
     def recomputable(self) -> bool:

@@ -45,11 +45,13 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 3. When its last handle dies but a live recipe still reads it, it is evicted at once ("drop instead of
 #    delete", as MegEngine does) and its recipe kept only as long as those dependents live. Pinned
 #    storages (not recomputable) stay resident instead. These drops are counted as ``drops``, not as
-#    evictions chosen by the policy. Except while a reader's output that has a handle is evicted
-#    (``_awaited``): the program may read that output again, and without this input bringing it back
-#    recomputes the input's own evicted chain (in a backward pass, a gradient's: every gradient back to
-#    the loss). Such an input stays, to the policy, and is dropped once no such output waits for it: when
-#    the output's last handle dies, or when a rematerialization brought it back (``_drop_settled``).
+#    evictions chosen by the policy. Except a value that a reader's evicted output *with a handle* waits
+#    for (``_awaited``): the program may read that output again, and bringing it back without this value
+#    would recompute the value's own evicted chain too (in a backward pass: every gradient back to the
+#    loss). Such a value stays resident, an ordinary candidate (``Storage.awaits``). The drop it was
+#    spared comes due once nothing waits for it: when the waiting output's last handle dies (every
+#    handle-less input of that output's recipe that nothing else waits for is dropped then), or when the
+#    output has been brought back (the next eviction takes it before asking the policy: ``_settled``).
 #    Replaying 26 recorded and shared logs at 0.2-0.9 of their peaks: 35 cells better, 2 worse (by
 #    under 1%); the simulator's recorded MLP at 0.7 from 1.855 to 1.265 (the ILP's optimum: 1.201).
 #    docs/design.md, Handle-less inputs of awaited values.
@@ -284,6 +286,7 @@ class Runtime:
         self._need_op = ""
         self._recomputing = False  # reserve() is making room for a recomputation
         self._soft: dict[Storage, int] | None = None  # an unheld plan's pending reads: evicted last
+        self._awaiting: dict[Storage, None] = {}  # kept without handles for an evicted output (Lifetimes 3)
         self._steps: list[Storage | None] | None = None  # that plan's steps (the next one last)
         self._roots: Sequence[Storage] = ()
         self._steps_rev = 0  # bumped whenever a plan's steps change (``_furthest`` caches its order per value)
@@ -424,14 +427,17 @@ class Runtime:
             if s.deps == 0:
                 self._release(s)
             else:
-                if s.resident and not s.pinned and s.locks == 0 and not _awaited(s):
-                    self._evict(s, "drop")
+                if s.resident and not s.pinned and s.locks == 0:
+                    if _awaited(s):
+                        s.awaits = True
+                        self._awaiting[s] = None
+                    else:
+                        self._evict(s, "drop")
                 if self.banish_depth:
                     self._orphaned(s)
-            if not s.resident and op is not None:  # its recipe's inputs were kept for it alone: drop them
+            if not s.resident and op is not None:  # inputs without handles kept for its recipe are dropped
                 for i in op.inputs:
-                    if (i.refs == 0 and i.resident and not i.pinned and i.locks == 0 and not i.released
-                            and not _awaited(i)):
+                    if i.refs == 0 and i.resident and not i.locks and not i.pinned and not _awaited(i):
                         self._evict(i, "drop")
 
     def _orphaned(self, s: Storage) -> None:
@@ -510,6 +516,9 @@ class Runtime:
 
     def _unresident(self, s: Storage) -> None:
         s.resident = False
+        if s.awaits:
+            s.awaits = False
+            del self._awaiting[s]
         self._unbanish(s)
         self.memory.free(s)
         self._drop_candidate(s)
@@ -728,6 +737,11 @@ class Runtime:
             floor = 0.01 * self.candidate_bytes / n
         soft = self._soft
         best = None
+        if self._awaiting:  # NOTE [ Lifetimes ] 3: kept for an evicted output, which nothing waits for now
+            best = self._settled(soft)
+            if best is not None:
+                self.search_seconds += time.perf_counter() - t0
+                return best
         if soft:  # an unheld plan runs: what its next steps read goes last (NOTE [ Planned rematerialization ] 4)
             best = self._best([s for s in pool if not soft.get(s)], floor)
             if best is None:
@@ -740,6 +754,21 @@ class Runtime:
             best = self._best(cands, 0)
         self.search_seconds += time.perf_counter() - t0
         return best
+
+    def _settled(self, soft: dict[Storage, int] | None) -> Storage | None:
+        """A value kept without handles for a reader's evicted output (NOTE [ Lifetimes ] 3) that no such
+        output waits for any more: the drop it was spared is due (not one an unheld plan's next steps read)."""
+        found, gone = None, []
+        for s in self._awaiting:
+            if s.refs or s.pinned:  # held again (a new view), or pinned since
+                gone.append(s)
+            elif not s.locks and not _awaited(s) and not (soft and soft.get(s)):
+                found = s
+                break
+        for s in gone:
+            s.awaits = False
+            del self._awaiting[s]
+        return found
 
     def _furthest(self, cands: Any) -> Storage | None:
         """Of the candidates the unheld plan's pending steps read, the one whose next read is furthest
@@ -905,9 +934,6 @@ class Runtime:
                     self._recompute(op, roots)
                 finally:
                     self.unlock(keep)
-                for i in op.inputs:
-                    if i.refs == 0 and i not in roots:
-                        self._drop_settled(i)
                 return
         # a step is a storage to recompute, or None: the caller's op, which reads ``roots``
         steps: list[Storage | None] = [None]
@@ -966,8 +992,6 @@ class Runtime:
                             i.locks -= 1
                         if i in brought:
                             self._drop_brought(i)
-                        elif i.refs == 0 and i not in rootset:
-                            self._drop_settled(i)
         finally:
             self._soft, self._steps, self._roots = outer
             self._steps_rev += 1
@@ -991,12 +1015,6 @@ class Runtime:
         rematerialization ] 2, stack rule 6)."""
         if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
                 and all(o.resident or o.released for c in s.children for o in c.outputs)):
-            self._evict(s, "drop")
-
-    def _drop_settled(self, s: Storage) -> None:
-        """Evict ``s``, kept without handles for an evicted reader's output (NOTE [ Lifetimes ] 3), once no
-        such output waits for it."""
-        if s.resident and not s.locks and not s.pinned and not s.released and not _awaited(s):
             self._evict(s, "drop")
 
     def _remat_stack(self, target: Storage) -> None:
@@ -1121,7 +1139,10 @@ class Runtime:
                 total += s.nbytes
             internal_assert((s in self.candidates) == (s.resident and not s.pinned), f"candidate set wrong for {s}")
             internal_assert(not s.banished or (s.resident and s.pinned), f"banished {s} not resident and pinned")
+            internal_assert(s.awaits == (s in self._awaiting) and (not s.awaits or s.resident),
+                            f"{s}: awaits={s.awaits} but {'in' if s in self._awaiting else 'not in'} the kept set")
             banished += s.nbytes if s.banished else 0
+        internal_assert(all(s in self.live for s in self._awaiting), "a released value in the kept set")
         internal_assert(banished == self.banished_bytes, f"banished bytes {self.banished_bytes} != {banished}")
         internal_assert(total + self.memory.constants == self.memory.tracked,
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")
