@@ -20,7 +20,8 @@ The policies:
   of really bringing ``t`` back (``path``: the neighbourhood blurs it once union-find components grow),
   times a penalty for long evicted chains. It was the default until 2026-11-25: on the DTR authors' logs
   it beats h_DTR^eq at 0.2 to 0.4 x the peak, but replaying 24 logs (the shared ones, the tests' models
-  and the bench's workloads, recorded) at 0.2 to 0.9 it is worse than h_DTR^eq in 53 of 240 cells (e.g.
+  and the bench's workloads, recorded) at 0.2 to 0.9 it is worse than h_DTR^eq in 53 of 240 cells (54 since
+  NOTE [ Lifetimes ] 3's exception; e.g.
   the tree RNN at 0.3: thrash vs 1.25; ``benchmarks/policy_grid.py``), and no variant tried (without the path or
   the length term, thresholds on the length, switching by memory pressure) was never worse while keeping
   its wins (docs/design.md, The default policy). Live, the tests' models' smallest feasible budgets
