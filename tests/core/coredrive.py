@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch_dtr.core import Chain, Runtime, Storage, UFNode
-from torch_dtr.core.trackers import TRACKERS, Links
+from torch_dtr.core.trackers import TRACKERS, Component, Links
 
 
 class Driver:
@@ -128,3 +128,32 @@ def full_check(rt: Runtime) -> None:
         for r, members in roots.values():
             # the root holds at least the cost of its live evicted members (more only for released ones)
             assert r.cost >= members - 1e-9 * max(1.0, members), (r.cost, members)
+    if rt.policy.extra == "comp":
+        _check_components(rt)
+
+
+def _check_components(rt: Runtime) -> None:
+    """The ``"comp"`` tracker's components are exactly the connected sets of evicted storages it tracks."""
+    tracked = [s for s in rt.live if isinstance(s.aux, Component)]
+    for s in rt.live:
+        if not s.resident and s.forward is None:
+            assert isinstance(s.aux, Component), f"evicted {s} is in no component"
+        if s.resident:
+            assert s.aux is None, f"resident {s} is still in a component"
+    done: set[int] = set()
+    for s in tracked:
+        if s.sid in done:
+            continue
+        walk, seen = [s], {s}
+        while walk:
+            n = walk.pop()
+            for m in n.neighbours():
+                if isinstance(m.aux, Component) and not m.resident and m not in seen:
+                    seen.add(m)
+                    walk.append(m)
+        c = s.aux
+        assert set(c.members) == seen, f"component of {s}: {len(c.members)} members, connected set {len(seen)}"
+        assert all(m.aux is c for m in seen)
+        total = sum(m.cost for m in seen)
+        assert abs(c.cost - total) <= 1e-9 * max(1.0, total), (c.cost, total)
+        done.update(m.sid for m in seen)

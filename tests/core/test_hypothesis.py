@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from torch_dtr.core import BudgetError, Policy
 from torch_dtr.core.policies import get_policy
 
-BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
+BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain", "dtr_comp")
 MOD = (1 << 61) - 1
 
 
@@ -258,3 +258,11 @@ _GENERIC = {name: Policy(f"{name}_generic", get_policy(name).score, get_policy(n
 def test_the_inline_score_changes_no_choice(prog: Program, frac: float, policy: str) -> None:
     assert get_policy(policy).h_dtr and not _GENERIC[policy].h_dtr
     _assert_same_choices(prog, frac, policy, _GENERIC[policy])
+
+
+# The "comp" tracker (NOTE [ Exact components ]) merges components on eviction and splits them on
+# rematerialization; ``full_check`` compares every component with a fresh walk after every step.
+@SETTINGS
+@given(programs(multi_output=True), FRAC, st.sampled_from(REMAT))
+def test_exact_components_stay_exact(prog: Program, frac: float, remat: str) -> None:
+    _check_program(prog, frac, "dtr_comp", False, remat)

@@ -26,6 +26,8 @@ The policies:
   the length term, thresholds on the length, switching by memory pressure) was never worse while keeping
   its wins (docs/design.md, The default policy). Live, the tests' models' smallest feasible budgets
   differ by at most 2 points of the peak between the two. So the default is h_DTR^eq again;
+- ``dtr_comp``: h_DTR's formula with exact evicted neighbourhoods kept incrementally (the ``"comp"`` tracker,
+  NOTE [ Exact components ]): ``dtr``'s neighbourhoods at ``dtr_eq``'s search cost;
 - ``lru``: ``1 / staleness``; ``size``: ``1 / nbytes``;
 - ``msps``: ``(cost + extra) / nbytes`` with ``"ancestors"`` (Chen et al.'s MSPS, as in the DTR paper).
 
@@ -95,6 +97,7 @@ def register(policy: Policy) -> Policy:
 register(Policy("dtr_eq", _h_dtr, "uf", 0.0, h_dtr=True))  # extra: a sum of costs, >= 0
 register(Policy("dtr", _h_dtr, "exact", 0.0, h_dtr=True))
 register(Policy("dtr_local", _h_dtr, "", h_dtr=True))
+register(Policy("dtr_comp", _h_dtr, "comp", 0.0, h_dtr=True))  # exact neighbourhoods kept incrementally
 register(Policy("lru", _lru, ""))
 register(Policy("size", _size, ""))
 register(Policy("msps", _msps, "ancestors", 0.0))

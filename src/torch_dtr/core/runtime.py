@@ -555,6 +555,9 @@ class Runtime:
             new = self._storage(op, old.nbytes, old.payload)
             old.payload = None
             old.resident = False
+            if old.awaits:
+                old.awaits = False
+                del self._awaiting[old]
             self._drop_candidate(old)
             self._unbanish(old)
         old.forward = new

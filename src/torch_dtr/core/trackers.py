@@ -17,7 +17,8 @@ Kinds (the policies that use them are in ``policies.py``):
   DTR paper: cheap, approximate because components are never split);
 - ``"exact"``: summed cost of the evicted neighbourhood e*(s), by a graph walk (h_DTR);
 - ``"ancestors"``: summed cost of the evicted ancestors that rematerializing ``s`` would recompute (MSPS);
-- ``"chain"``: a ``Chain`` of three O(neighbours) estimates, NOTE [ Evicted chains ] below.
+- ``"chain"``: a ``Chain`` of three O(neighbours) estimates, NOTE [ Evicted chains ] below;
+- ``"comp"``: what ``"exact"`` computes, kept incrementally: NOTE [ Exact components ] below.
 """
 
 from __future__ import annotations
@@ -261,8 +262,159 @@ class Ancestors(Tracker):
         return sum(n.cost for n in evicted_component(s.op.inputs if s.op else (), up_only=True))
 
 
+# NOTE [ Exact components ]
+#
+# 1. Union-find never splits a set when a member is rematerialized (h_DTR^eq's approximation): after a forward
+#    pass most evicted values sit in one merged set, every candidate next to it looks as expensive, and
+#    staleness alone decides. The exact walk of h_DTR tells them apart but walks the component for every
+#    candidate: on the bench's LSTM loop at 50% of its peak the search took 6.2 s per step instead of 0.17 s
+#    (docs/design.md, Union-find against exact neighbourhoods).
+# 2. ``Components`` keeps the exact components instead: an eviction merges the components next to the
+#    evicted storage (the smaller relabelled into the largest); a rematerialization (or release) removes
+#    the storage and, if two or more of its evicted neighbours were in its component, walks from each of
+#    them in turn, a node at a time, merging walks that meet. A group of walks that runs out of nodes is a
+#    part cut off: it becomes a new component; once at most one group can still grow, it keeps the old
+#    component. So a split costs about the size of the parts cut off, and ``extra`` is O(neighbours).
+# 3. Members are the storages the tracker was told were evicted, as with union-find: an in-place write's
+#    old version (non-resident without an eviction) is not one. ``full_check`` in the core tests compares
+#    every component with a fresh walk after every step of the random programs.
+
+
+class Component:
+    """A connected set of evicted storages (the ``"comp"`` kind) and the summed cost of its members."""
+
+    __slots__ = ("members", "cost")
+
+    def __init__(self) -> None:
+        self.members: dict[Storage, None] = {}  # ordered: sums and walks go the same way in every run
+        self.cost = 0.0
+
+
+class Components(Tracker):
+    """Exact evicted neighbourhoods kept incrementally (NOTE [ Exact components ]): what ``"exact"`` computes
+    by a walk per candidate, here merged on eviction and split on rematerialization, so that scoring is
+    O(degree) as with union-find. Storages made non-resident without an eviction (an in-place write's old
+    version) are not members, as with union-find."""
+
+    scores = True
+
+    def evicted(self, s: Storage) -> None:
+        comps: dict[Component, None] = {}
+        for n in s.neighbours():
+            c = n.aux
+            if c is not None and not n.resident:
+                comps[c] = None
+        if not comps:
+            big = Component()
+        else:
+            big = max(comps, key=lambda c: len(c.members))  # the first of the largest: deterministic
+            for c in comps:
+                if c is not big:
+                    for m in c.members:
+                        m.aux = big
+                    big.members.update(c.members)
+                    big.cost += c.cost
+        big.members[s] = None
+        big.cost += s.cost
+        s.aux = big
+
+    def restored(self, s: Storage) -> None:
+        c = s.aux
+        if c is None:
+            return
+        s.aux = None
+        del c.members[s]
+        c.cost -= s.cost
+        near = list(dict.fromkeys(n for n in s.neighbours() if n.aux is c))
+        if len(near) < 2:  # s was a leaf of its component (or alone): the rest stays connected
+            if not c.members:
+                c.cost = 0.0
+            return
+        # one walk per evicted neighbour, a node at a time in turn; walks that meet merge. A group of walks
+        # that runs out of nodes is a part cut off from the rest; once at most one group can still grow,
+        # it keeps ``c``. So the walks cost about the size of the parts cut off, not of the component.
+        k = len(near)
+        group = list(range(k))
+        seen: dict[Storage, int] = {n: i for i, n in enumerate(near)}
+        fronts: list[list[Storage]] = [[n] for n in near]
+        parts: list[list[Storage]] = [[n] for n in near]
+
+        def root(i: int) -> int:
+            while group[i] != i:
+                group[i] = group[group[i]]
+                i = group[i]
+            return i
+
+        while True:
+            open_ = [r for r in range(k) if group[r] == r and fronts[r]]
+            if len(open_) <= 1:
+                break
+            for r in open_:
+                r = root(r)
+                if not fronts[r]:
+                    continue
+                n = fronts[r].pop()
+                for m in n.neighbours():
+                    if m.aux is not c:
+                        continue
+                    j = seen.get(m)
+                    if j is None:
+                        seen[m] = r
+                        parts[r].append(m)
+                        fronts[r].append(m)
+                        continue
+                    rj = root(j)
+                    if rj != r:  # the walks met: one group, one frontier
+                        group[rj] = r
+                        fronts[r].extend(fronts[rj])
+                        parts[r].extend(parts[rj])
+                        fronts[rj], parts[rj] = [], []
+        roots = [r for r in range(k) if group[r] == r]
+        open_ = [r for r in roots if fronts[r]]
+        keep = open_[0] if open_ else max(roots, key=lambda r: len(parts[r]))  # the first of the largest
+        for r in roots:
+            if r == keep:
+                continue
+            part = Component()
+            for n in parts[r]:
+                n.aux = part
+                part.members[n] = None
+                part.cost += n.cost
+                del c.members[n]
+            c.cost -= part.cost
+        if not c.members:
+            c.cost = 0.0
+
+    def extra(self, s: Storage) -> Any:
+        first = None
+        more: dict[Component, None] | None = None
+        op = s.op
+        groups = [op.inputs] if op is not None else []
+        groups.extend(c.outputs for c in s.children)
+        for group in groups:
+            for n in group:
+                c = n.aux
+                if c is None or n.resident:
+                    continue
+                if first is None:
+                    first = c
+                elif c is not first:
+                    if more is None:
+                        more = {first: None}
+                    more[c] = None
+        if first is None:
+            return 0
+        if more is None:
+            return 0 + first.cost
+        return sum(c.cost for c in more)
+
+    def grouped(self, s: Storage) -> bool:
+        return s.aux is not None
+
+
 TRACKERS: dict[str, Callable[[], Tracker]] = {
     "": Tracker, "uf": UnionFind, "exact": Exact, "ancestors": Ancestors, "chain": ChainTracker,
+    "comp": Components,
 }
 
 
