@@ -95,6 +95,9 @@ def links(s: Storage) -> tuple[int, int, float]:
 def extra(rt: Runtime, s: Storage, kind: str) -> Any:
     """The feature of ``kind`` for candidate ``s``: the runtime's own tracker for the stateful kinds ("uf" also
     reads the union-find part of a "chain" tracker), a fresh one for the stateless kinds."""
+    if kind == "comp":
+        assert rt.policy.extra == "comp", f"{rt.policy.name} keeps no exact components"
+        return rt.tracker.extra(s)
     if kind in ("uf", "chain"):
         assert rt.policy.extra in ("uf", "chain"), f"{rt.policy.name} keeps no union-find sets"
         v = rt.tracker.extra(s)

@@ -16,7 +16,7 @@ from coredrive import Driver, extra, full_check, links, uf
 
 from torch_dtr.core import DEFAULT_POLICY, POLICIES, BudgetError, Chain, Policy, Runtime, Storage, get_policy, register
 
-BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain")
+BUILTIN = ("dtr_eq", "dtr", "dtr_local", "lru", "size", "msps", "dtr_chain", "dtr_comp")
 
 
 @pytest.fixture(autouse=True)
@@ -29,9 +29,9 @@ def _restore_policies():
 
 def test_builtin_policies_registered() -> None:
     assert set(BUILTIN) <= set(POLICIES)
-    assert DEFAULT_POLICY == "dtr_eq"
-    assert Runtime(None).policy is POLICIES["dtr_eq"]
-    assert {POLICIES[n].extra for n in BUILTIN} == {"uf", "exact", "", "ancestors", "chain"}
+    assert DEFAULT_POLICY == "dtr_comp"
+    assert Runtime(None).policy is POLICIES["dtr_comp"]
+    assert {POLICIES[n].extra for n in BUILTIN} == {"uf", "exact", "", "ancestors", "chain", "comp"}
     assert POLICIES["dtr_eq"].extra == "uf" and POLICIES["dtr"].extra == "exact"
     assert POLICIES["dtr_local"].extra == "" and POLICIES["msps"].extra == "ancestors"
     assert POLICIES["dtr_chain"].extra == "chain"
@@ -60,8 +60,10 @@ def _only_victim(d: Driver, before: int, pool: dict[str, object]) -> str:
 #   size:  S 1/50 (the biggest)                                                             -> S
 #   msps:  L 8/10=0.8  H 2/10=0.2  S 40/50=0.8  M 1/10=0.1                                  -> M
 #   dtr_chain: Chain(0, 0, 1) for all, so h_DTR                                             -> H
+#   dtr_comp: h_DTR with exact components (none here)                                       -> H
 # tracked = 10 + 10 + 10 + 50 + 10 = 90; budget 100; reserve(20) must free 10 B: one eviction.
-SCENARIO1 = {"dtr_eq": "H", "dtr": "H", "dtr_local": "H", "lru": "L", "size": "S", "msps": "M", "dtr_chain": "H"}
+SCENARIO1 = {"dtr_eq": "H", "dtr": "H", "dtr_local": "H", "lru": "L", "size": "S", "msps": "M", "dtr_chain": "H",
+             "dtr_comp": "H"}
 
 
 @pytest.mark.parametrize("policy", BUILTIN)
@@ -99,8 +101,10 @@ def test_scenario_independent_storages(policy: str) -> None:
 #   lru:       B is the stalest                             -> B
 #   size:      D is the bigger                              -> D
 #   dtr_chain: B Chain(100, 100, 2): (1+100+100)*sqrt(2)/(10*9)=3.16   D 0.0238 -> D  (A: B's evicted input)
+#   dtr_comp:  as dtr (A's component {A} costs 100)                    -> D
 # tracked = 10 + 10 + 12 = 32; budget 42; reserve(20) must free 10 B: one eviction.
-SCENARIO2 = {"dtr_eq": "D", "dtr": "D", "dtr_local": "B", "lru": "B", "size": "D", "msps": "D", "dtr_chain": "D"}
+SCENARIO2 = {"dtr_eq": "D", "dtr": "D", "dtr_local": "B", "lru": "B", "size": "D", "msps": "D", "dtr_chain": "D",
+             "dtr_comp": "D"}
 
 
 def _scenario2(policy: str) -> tuple[Driver, dict[str, object]]:
@@ -123,6 +127,9 @@ def test_scenario_evicted_neighbour(policy: str) -> None:
     if policy in ("dtr_eq", "dtr_chain"):
         assert uf(a) is not None and uf(a).find().cost == 100
         assert extra(rt, b, "uf") == 100 and extra(rt, dd, "uf") == 0
+    elif policy == "dtr_comp":
+        assert uf(a) is None and a.aux.members == {a: None} and a.aux.cost == 100
+        assert extra(rt, b, "comp") == 100 and extra(rt, dd, "comp") == 0
     else:
         assert uf(a) is None  # only the union-find policy keeps components
     assert extra(rt, b, "exact") == 100 and extra(rt, b, "ancestors") == 100
@@ -435,3 +442,27 @@ def test_zero_byte_storages_are_never_chosen() -> None:
     with pytest.raises(BudgetError):
         d.rt.reserve(11)
     assert z.resident
+
+
+def test_exact_components_split_where_union_find_does_not() -> None:
+    """NOTE [ Exact components ] 1: A feeds B1 and B2; with all three evicted they form one component. Bringing A
+    back cuts it in two: X's evicted neighbourhood is then B1 alone (3), while union-find's set still sums
+    B1 and B2 (43)."""
+    got = {}
+    for policy, kind in (("dtr_comp", "comp"), ("dtr_eq", "uf")):
+        d = Driver(None, policy)
+        rt = d.rt
+        c = d.const(10, 1)
+        a = d.op1([c], 100, 10, lambda v: v + 1)
+        b1 = d.op1([a], 3, 10, lambda v: v * 2)
+        b2 = d.op1([a], 40, 10, lambda v: v * 3)
+        x = d.op1([b1], 1, 10, lambda v: v + 7)
+        for s in (b1, a, b2):
+            rt.evict(s)
+        assert extra(rt, x, kind) == 143
+        assert d.read(a) == 2
+        full_check(rt)
+        got[policy] = extra(rt, x, kind)
+        assert d.read(x) == 11 and d.read(b2) == 6
+        full_check(rt)
+    assert got == {"dtr_comp": 3, "dtr_eq": 43}
