@@ -29,8 +29,8 @@ def _restore_policies():
 
 def test_builtin_policies_registered() -> None:
     assert set(BUILTIN) <= set(POLICIES)
-    assert DEFAULT_POLICY == "dtr_eq"
-    assert Runtime(None).policy is POLICIES["dtr_eq"]
+    assert DEFAULT_POLICY == "dtr_comp"
+    assert Runtime(None).policy is POLICIES["dtr_comp"]
     assert {POLICIES[n].extra for n in BUILTIN} == {"uf", "exact", "", "ancestors", "chain", "comp"}
     assert POLICIES["dtr_eq"].extra == "uf" and POLICIES["dtr"].extra == "exact"
     assert POLICIES["dtr_local"].extra == "" and POLICIES["msps"].extra == "ancestors"

@@ -14,7 +14,7 @@ Every policy sees the same features of a resident candidate ``t``:
 
 The policies:
 
-- ``dtr_eq`` (h_DTR^eq, the default), ``dtr`` (h_DTR), ``dtr_local``: ``(cost + extra) / (nbytes *
+- ``dtr_eq`` (h_DTR^eq), ``dtr`` (h_DTR), ``dtr_local``: ``(cost + extra) / (nbytes *
   staleness)`` with the ``"uf"``, ``"exact"`` and no neighbourhood (the DTR paper's heuristics);
 - ``dtr_chain``: ``(cost + nbhd + path) * sqrt(length) / (nbytes * staleness)``: h_DTR^eq, plus the cost
   of really bringing ``t`` back (``path``: the neighbourhood blurs it once union-find components grow),
@@ -26,12 +26,12 @@ The policies:
   the length term, thresholds on the length, switching by memory pressure) was never worse while keeping
   its wins (docs/design.md, The default policy). Live, the tests' models' smallest feasible budgets
   differ by at most 2 points of the peak between the two. So the default is h_DTR^eq again;
-- ``dtr_comp``: h_DTR's formula with exact evicted neighbourhoods kept incrementally (the ``"comp"`` tracker,
-  NOTE [ Exact components ]): ``dtr``'s neighbourhoods at ``dtr_eq``'s search cost. Live on the bench's GPT-2
-  at 30% of its peak it recomputes 249 times a step instead of 307 and ResNet-50 at 50% 164 instead of 180,
-  but the LSTM loop at 50% 2,074 instead of 1,860 (its smallest budget 45% instead of 42%), and replaying 26
-  logs at 0.2-0.9 it is worse than ``dtr_eq`` in 2 cells (better in 6): not the default (docs/design.md, The
-  default policy, again);
+- ``dtr_comp`` (the default since 2026-11-25, afternoon): h_DTR's formula with exact evicted neighbourhoods
+  kept incrementally (the ``"comp"`` tracker, NOTE [ Exact components ]): ``dtr``'s choices (the same
+  recomputations on the bench's three workloads) at ``dtr_eq``'s search cost. Live it recomputes less than
+  ``dtr_eq`` on GPT-2, ResNet-50 and the LSTM loop (``benchmarks/policy_live.py``) and lowers the tests'
+  models' smallest budgets (LSTM loop 53% -> 45% of its peak); replaying 26 logs at 0.2-0.9 it is better in 6
+  cells and worse in 2 (docs/design.md, The default policy, again);
 - ``lru``: ``1 / staleness``; ``size``: ``1 / nbytes``;
 - ``msps``: ``(cost + extra) / nbytes`` with ``"ancestors"`` (Chen et al.'s MSPS, as in the DTR paper).
 
@@ -107,7 +107,7 @@ register(Policy("size", _size, ""))
 register(Policy("msps", _msps, "ancestors", 0.0))
 register(Policy("dtr_chain", _h_chain, "chain"))
 
-DEFAULT_POLICY = "dtr_eq"  # see dtr_chain and dtr_comp above for why
+DEFAULT_POLICY = "dtr_comp"  # see dtr_chain and dtr_comp above for why
 
 
 def get_policy(policy: str | Policy) -> Policy:

@@ -560,6 +560,7 @@ class Runtime:
                 del self._awaiting[old]
             self._drop_candidate(old)
             self._unbanish(old)
+            self.tracker.superseded(old)
         old.forward = new
         new.refs += old.refs
         old.refs = 0
