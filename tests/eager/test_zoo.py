@@ -22,10 +22,10 @@ FLOOR_MARGIN = 1.25
 # Models known to fail their low budget, with the measurement (modelled costs, so the same in every run). Strict: a
 # fix shows up as XPASS and fails, so the entry gets removed.
 KNOWN_LOW = {
-    "nn_gru": "BudgetError at 50% (1.54x the floor): 8.2 KiB short while recomputing a running sum's add, with "
-              "148 KiB pinned or kept (banishing at depth 2); fails at 52% too, trains at 55% (issue 13; measured "
-              "2026-11-25 afternoon: before handle-less inputs of awaited values stayed resident it failed at 55% "
-              "and trained at 60%, and one variant of that change trained at 50%: docs/design.md)",
+    "nn_gru": "BudgetError at 50% (1.54x the floor) while recomputing a running sum's add, with "
+              "172 KiB pinned or kept (banishing at depth 2); fails at 52% too, trains at 55% (issue 13; measured "
+              "2026-11-25 afternoon with the default dtr_comp; before handle-less inputs of awaited values stayed "
+              "resident it failed at 55% and trained at 60%: docs/design.md)",
 }
 _PEAKS: dict[str, int] = {}
 _FLOORS: dict[str, int] = {}
