@@ -506,6 +506,11 @@ class Runtime:
             s.banished = False
             self.banished_bytes -= s.nbytes
 
+    def _unawait(self, s: Storage) -> None:
+        """``s`` leaves the kept set (NOTE [ Lifetimes ] 3): no longer resident, or held or pinned again."""
+        s.awaits = False
+        del self._awaiting[s]
+
     def _add_candidate(self, s: Storage) -> None:
         self.candidates[s] = None
         self.candidate_bytes += s.nbytes
@@ -517,8 +522,7 @@ class Runtime:
     def _unresident(self, s: Storage) -> None:
         s.resident = False
         if s.awaits:
-            s.awaits = False
-            del self._awaiting[s]
+            self._unawait(s)
         self._unbanish(s)
         self.memory.free(s)
         self._drop_candidate(s)
@@ -556,8 +560,7 @@ class Runtime:
             old.payload = None
             old.resident = False
             if old.awaits:
-                old.awaits = False
-                del self._awaiting[old]
+                self._unawait(old)
             self._drop_candidate(old)
             self._unbanish(old)
             self.tracker.superseded(old)
@@ -770,8 +773,7 @@ class Runtime:
                 found = s
                 break
         for s in gone:
-            s.awaits = False
-            del self._awaiting[s]
+            self._unawait(s)
         return found
 
     def _furthest(self, cands: Any) -> Storage | None:
