@@ -21,6 +21,7 @@ from torch_dtr.sim.checkmate import (
     min_budget,
     peak_bytes,
     simulate_schedule,
+    smallest_budget,
     solve,
 )
 
@@ -170,6 +171,37 @@ def test_milp_proves_infeasible_past_the_quick_bound() -> None:
     assert min_budget(g) == 14 and _brute(g, 14) is None
     assert solve(g, 14).status == "infeasible"
     assert solve(g, 16).compute == pytest.approx(_brute(g, 16))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_smallest_budget_is_the_least_feasible_one(seed: int) -> None:
+    g = _random_graph(random.Random(100 + seed), 5)
+    want = next(b for b in range(min_budget(g), peak_bytes(g) + 1) if _brute(g, b) is not None)
+    assert smallest_budget(g) == (want, True)
+    # with a tolerance the answer is feasible and at most that far above the least
+    b, exact = smallest_budget(g, tolerance=3)
+    assert exact and want <= b <= want + 3
+
+
+@pytest.mark.parametrize("g", [chain(3), _random_graph(random.Random(2), 6)], ids=["chain3", "random6"])
+@pytest.mark.parametrize("max_overhead", [1.0, 1.15, 1.5])
+def test_smallest_budget_within_an_overhead(g: Graph, max_overhead: float) -> None:
+    # only schedules computing at most max_overhead x one pass count: on these graphs the least budget
+    # and the least budget with an optimum that cheap differ (chain(3): 7/6 of a pass at 3 bytes, 1x at 4)
+    base = sum(g.cost)
+    budgets = range(min_budget(g), peak_bytes(g) + 1)
+    want = next(b for b in budgets if (c := _brute(g, b)) is not None and c <= max_overhead * base + 1e-9)
+    assert smallest_budget(g, max_overhead=max_overhead) == (want, True)
+
+
+def test_smallest_budget_past_the_quick_bound() -> None:
+    g = Graph((2.0, 4.0, 4.0, 3.0, 1.0, 5.0), (4, 4, 2, 4, 1, 4), ((), (), (0,), (0, 2), (0, 1), (1, 3)),
+              frozenset({5}), 2)
+    assert min_budget(g) == 14 and _brute(g, 15) is not None and smallest_budget(g) == (15, True)
+    with pytest.raises(ValueError, match="tolerance must be an int"):
+        smallest_budget(g, tolerance=-1)
+    with pytest.raises(ValueError, match="max_overhead must be >= 1"):
+        smallest_budget(g, max_overhead=0.5)
 
 
 def test_bad_arguments_raise() -> None:

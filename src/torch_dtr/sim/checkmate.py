@@ -38,7 +38,7 @@ Bounds, LinearConstraint, milp = _optimize.Bounds, _optimize.LinearConstraint, _
 coo_matrix = need("scipy.sparse", "sim", _WHAT).coo_matrix
 
 __all__ = ["Graph", "ScheduleError", "Solution", "chain", "graph_from_log", "min_budget", "peak_bytes",
-           "simulate_schedule", "solve"]
+           "simulate_schedule", "smallest_budget", "solve"]
 
 
 class ScheduleError(ValueError):
@@ -395,9 +395,11 @@ def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]]
             Ri, Si, cscale)
 
 
-def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False) -> Solution:
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False,
+          gap: float | None = None) -> Solution:
     """Minimize total compute (sum of R[t,i] * cost[i]) under ``budget_bytes`` (constants included) with
-    ``scipy.optimize.milp`` (HiGHS). ``relax=True`` solves the LP relaxation, a lower bound on the optimum."""
+    ``scipy.optimize.milp`` (HiGHS). ``relax=True`` solves the LP relaxation, a lower bound on the optimum.
+    ``gap``: stop at this relative MIP gap (1.0: at the first schedule found, for feasibility questions)."""
     if not isinstance(graph, Graph) or graph.n == 0:
         raise ValueError(f"solve: needs a Graph with at least one node, got {graph!r}")
     if not (isinstance(budget_bytes, numbers.Real) and math.isfinite(budget_bytes)) or budget_bytes < 0:
@@ -420,8 +422,10 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     if budget < min_budget(graph):
         return result("infeasible")
     args, integer, Ri, Si, cscale = _model(graph, budget)
-    res = milp(**args, integrality=0 * integer if relax else integer,
-               options={"time_limit": float(time_limit), "disp": False})
+    options = {"time_limit": float(time_limit), "disp": False}
+    if gap is not None:
+        options["mip_rel_gap"] = float(gap)
+    res = milp(**args, integrality=0 * integer if relax else integer, options=options)
     if res.status == 2:
         return result("infeasible")
     if res.x is None:
@@ -440,3 +444,31 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     bound = res.mip_dual_bound * cscale if res.mip_dual_bound is not None else compute
     return result("optimal" if res.status == 0 else "feasible", compute, min(bound, compute),
                   float(res.mip_gap or 0.0), Rm, Sm)
+
+
+def smallest_budget(graph: Graph, *, time_limit: float = 30.0, tolerance: int = 0,
+                    max_overhead: float | None = None) -> tuple[int, bool]:
+    """The smallest budget (bytes, constants included) at which a schedule exists, by bisection between
+    ``min_budget`` (never enough minus one) and ``peak_bytes`` (always enough); feasibility is monotone in the
+    budget. ``max_overhead``: only schedules computing at most that multiple of one pass count (each probe
+    then solves for the optimum; without it, a probe stops at the first schedule HiGHS finds). Returns
+    ``(budget, exact)``: the budget is within ``tolerance`` bytes above the smallest, and ``exact`` is False
+    when a probe hit ``time_limit`` undecided (counted as infeasible: the budget is then only where a
+    schedule was found, an upper bound)."""
+    if not isinstance(tolerance, int) or tolerance < 0:
+        raise ValueError(f"smallest_budget: tolerance must be an int >= 0 (bytes), got {tolerance!r}")
+    if max_overhead is not None and not max_overhead >= 1:
+        raise ValueError(f"smallest_budget: max_overhead must be >= 1 (a multiple of one pass), got {max_overhead!r}")
+    lo, hi, exact = min_budget(graph) - 1, peak_bytes(graph), True
+    while hi - lo > max(1, tolerance):
+        mid = (lo + hi) // 2
+        sol = solve(graph, mid, time_limit=time_limit, gap=1.0 if max_overhead is None else None)
+        found = sol.status in ("optimal", "feasible")
+        if found and (max_overhead is None or sol.overhead <= max_overhead * (1 + 1e-9)):
+            hi = mid
+            continue
+        decided = sol.status in ("infeasible", "optimal") or (
+            max_overhead is not None and sol.lower_bound > max_overhead * (1 + 1e-9))
+        exact = exact and decided
+        lo = mid
+    return hi, exact
