@@ -1,6 +1,6 @@
 """Eviction policies against h_DTR^eq on many operator logs (issue 13 part 5): writes docs/policy_grid.md.
 
-    python benchmarks/policy_grid.py [--policies dtr_eq dtr_chain] [--logs DIR] [--out docs/policy_grid.md]
+    python benchmarks/policy_grid.py [--policies dtr_comp ...] [--logs DIR] [--out docs/policy_grid.md]
 
 Records one training step of every model in ``tests/eager/models.py`` (forward and backward; again with
 an SGD step), of an 8-layer GELU MLP (width 256, batch 512) and of the bench's three workloads at their
@@ -85,13 +85,15 @@ def _cell(o) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policies", nargs="+", default=["dtr_eq", "dtr_chain"])
+    ap.add_argument("--policies", nargs="+", help="policies to compare with dtr_eq (default: the library's "
+                    "default policy)")
     ap.add_argument("--logs", help="keep the recorded logs in this folder (default: a temporary one)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "policy_grid.md"))
     a = ap.parse_args()
+    from torch_dtr.core.policies import DEFAULT_POLICY  # noqa: PLC0415
     from torch_dtr.sim import log, replay  # noqa: PLC0415
 
-    policies = ["dtr_eq", *[p for p in a.policies if p != "dtr_eq"]]
+    policies = ["dtr_eq", *[p for p in (a.policies or [DEFAULT_POLICY]) if p != "dtr_eq"]]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(a.logs) if a.logs else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
