@@ -67,3 +67,14 @@ def test_targets_table_judges_each_target_from_the_numbers(tmp_path):
     assert rows["vs checkpoint every block"].endswith("50.0 MiB in 2.50 s vs 60.0 MiB in 2.60 s | met |")
     assert rows["vs checkpoint sqrt(n) segments"].endswith("| missed |")
     assert "no torch-dtr contender at or below its 200.0 MiB" in rows["vs torch.compile budget 0.5"]
+    assert "smallest feasible budget / single-op floor (issue 13)" not in rows  # no floor measured
+    # issue 13: the smallest budget against the single-op floor, and the LSTM loop at 50% <= 1.5x plain
+    results["workloads"]["m"]["search"].update(min_budget=30 * MiB, single_op_floor=25 * MiB)  # 1.20x
+    results["workloads"]["lstm"] = {"contenders": {k: cs[k] for k in ("plain PyTorch", "torch-dtr 50%")},
+                                    "search": {"min_ratio": 0.5, "min_budget": 50 * MiB, "single_op_floor": 25 * MiB}}
+    rows = {(r.split("|")[1].strip(), r.split("|")[2].strip()): r for r in report._targets(results)
+            if r.startswith("| ")}
+    assert rows["m", "smallest feasible budget / single-op floor (issue 13)"].endswith("| 1.20x | met |")
+    assert rows["lstm", "smallest feasible budget / single-op floor (issue 13)"].endswith("| 2.00x | missed |")
+    assert rows["lstm", "step-time ratio at 50% of peak (issue 13)"].endswith("| 1.25x | met |")
+    assert ("m", "step-time ratio at 50% of peak (issue 13)") not in rows
