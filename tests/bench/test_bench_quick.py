@@ -28,6 +28,10 @@ def test_quick_bench_writes_report_and_plots(tmp_path):
     w = results["workloads"]["gpt2"]
     assert w["search"]["peak_tracked"] > 0 and 0 < w["search"]["min_ratio"] <= 1
     assert w["contenders"]["plain PyTorch"]["step_s"] > 0
+    # issue 13: a torch-dtr contender whose budget is block checkpointing's tracked peak, measured first
+    at_ckpt = [c for label, c in w["contenders"].items() if label.startswith("torch-dtr at block checkpointing")]
+    assert len(at_ckpt) == 1 and at_ckpt[0]["budget"] == w["ckpt_block_peak"] > 0
+    assert w["ckpt_block_peak"] == pytest.approx(w["contenders"]["checkpoint every block"]["peak_tracked"], rel=0.05)
     assert "## Targets" in md and "| gpt2 | step-time ratio at 100% of peak | <= 1.05 |" in md
     assert "| gpt2 | smallest feasible budget | <= 25% |" in md
     for kind in ("timeline", "frontier"):

@@ -61,7 +61,8 @@ def spawn(spec: dict, timeout: float, memory: bool = False, progress: bool = Fal
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _contenders(plan: Plan, name: str, peak: int, min_ratio: float | None, ops: int) -> list[dict]:
+def _contenders(plan: Plan, name: str, peak: int, min_ratio: float | None, ops: int,
+                ckpt_peak: int | None = None) -> list[dict]:
     cs: list[dict] = [{"kind": "plain", "label": "plain PyTorch"}]
     cap = REMATS_PER_OP * ops  # a step past this is stopped and reported as thrashing (as in the search)
     for r in RATIOS:
@@ -71,6 +72,10 @@ def _contenders(plan: Plan, name: str, peak: int, min_ratio: float | None, ops: 
         r = min(1.0, min_ratio * 1.03)  # a little above the bisection's edge: eviction choices vary run to run
         cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "label": f"torch-dtr min ({r:.0%})",
                    "is_min": True, "max_remats": cap})
+    if ckpt_peak:  # issue 13: at checkpoint-every-block's tracked memory, no slower than it
+        r = ckpt_peak / peak
+        cs.append({"kind": "dtr", "budget": ckpt_peak, "ratio": r, "label": f"torch-dtr at block checkpointing's "
+                   f"memory ({r:.0%})", "max_remats": cap})
     if name in workloads.CHECKPOINTABLE:
         cs.append({"kind": "ckpt_block", "label": "checkpoint every block"})
         cs.append({"kind": "ckpt_sqrt", "label": "checkpoint sqrt(n) segments"})
@@ -90,7 +95,8 @@ def run(plan: Plan) -> dict[str, Any]:
     base = {"warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads}
     total = 0
     for m in plan.models:
-        total += 3 + (plan.rounds + 1) * 8 + (0 if plan.quick or m == "lstm" else 4)
+        extra = m in workloads.CHECKPOINTABLE  # the run that measures block checkpointing's memory, its contender
+        total += 3 + extra + (plan.rounds + 1) * (8 + extra) + (0 if plan.quick or m == "lstm" else 4)
     bar = tqdm(total=total, desc="bench", unit="job", file=sys.stderr)
     timeout = 900 if plan.quick else 1800
     for name in plan.models:
@@ -108,7 +114,15 @@ def run(plan: Plan) -> dict[str, Any]:
             w["error"] = search["error"]
             continue
         peak = search["peak_tracked"]
-        cs = _contenders(plan, name, peak, search.get("min_ratio"), search["ops"])
+        ckpt_peak = None
+        if name in workloads.CHECKPOINTABLE:  # its tracked peak, for a torch-dtr contender at that budget
+            bar.set_description(f"{name}: checkpoint every block's memory")
+            ckpt = spawn(common | {"kind": "ckpt_block", "label": "checkpoint memory", "warmup": 1, "steps": 1},
+                         timeout)
+            ckpt_peak = ckpt.get("peak_tracked")
+            w["ckpt_block_peak"] = ckpt_peak
+            bar.update(1)
+        cs = _contenders(plan, name, peak, search.get("min_ratio"), search["ops"], ckpt_peak)
         runs: dict[str, list[dict]] = {c["label"]: [] for c in cs}
         for rnd in range(plan.rounds):
             for c in cs:
