@@ -39,6 +39,7 @@ REFERENCE_EXACT = {
     "lstm-seq128": (1.60, 1.30, 1.14, 1.07, 1.03, 1.02),
 }
 CHAIN_NS = (1000, 2000, 4000, 8000, 16000)
+KEEP = "<!-- kept by simulation.py: written by hand from here -->"
 
 
 def _cell(o: replay.Outcome) -> str:
@@ -274,7 +275,9 @@ def main() -> int:
         f.unlink()
     tmp.rmdir()
     lines.append(f"Total time of this script: {time.perf_counter() - t0:.0f} s.")
-    (out / "simulation.md").write_text("\n".join(lines) + "\n")
+    old = (out / "simulation.md").read_text() if (out / "simulation.md").exists() else ""
+    kept = old[old.index(KEEP):] if KEEP in old else ""  # notes written by hand on the figures stay
+    (out / "simulation.md").write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
     print(f"wrote {out / 'simulation.md'}")
     return 0
 

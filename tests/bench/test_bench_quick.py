@@ -34,6 +34,13 @@ def test_quick_bench_writes_report_and_plots(tmp_path):
     assert w["ckpt_block_peak"] == pytest.approx(w["contenders"]["checkpoint every block"]["peak_tracked"], rel=0.05)
     assert "## Targets" in md and "| gpt2 | step-time ratio at 100% of peak | <= 1.05 |" in md
     assert "| gpt2 | smallest feasible budget | <= 25% |" in md
+    # notes written by hand below the marker survive the next report
+    from torch_dtr.bench import report
+
+    (out / "benchmarks.md").write_text(md + "\n" + report.KEEP + "\n\nA note by hand.\n")
+    report.write(results, out)
+    again = (out / "benchmarks.md").read_text()
+    assert again.startswith(md) and again.endswith(report.KEEP + "\n\nA note by hand.\n")
     for kind in ("timeline", "frontier"):
         png = out / "img" / f"bench_gpt2_{kind}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"

@@ -8,6 +8,7 @@ from typing import Any
 MiB = 2**20
 LINES = {"plain": 0, "dtr": 2, "ckpt_block": 12, "ckpt_sqrt": 12, "compile": 3}
 TARGETS = {1.0: 1.05, 0.5: 1.15, 0.3: 1.35}
+KEEP = "<!-- kept by torch-dtr bench: written by hand from here -->"
 
 
 def _mib(n: float | None) -> str:
@@ -40,7 +41,9 @@ def write(results: dict[str, Any], out: Path) -> Path:
     for name, w in results["workloads"].items():
         lines += _workload(name, w, img, out)
     path = out / "benchmarks.md"
-    path.write_text("\n".join(lines) + "\n")
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(KEEP):] if KEEP in old else ""  # notes written by hand on the figures stay
+    path.write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
     return path
 
 
