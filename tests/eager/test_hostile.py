@@ -313,6 +313,10 @@ def test_output_sizes_from_shape_rules_and_data_match_what_the_ops_make():
                                  torch.tensor([12, 10, 9]), torch.tensor([4, 2, 3])), {}),
         (aten._ctc_loss.default, (torch.randn(12, 3, 7).log_softmax(2), torch.randint(1, 7, (3, 4)),
                                   [12, 10, 9], [4, 2, 3]), {}),
+        # autocast's casts name the real device: on meta inputs that asked for a copy out of meta
+        (aten._to_copy.default, (x,), {"dtype": torch.bfloat16, "layout": torch.strided,
+                                       "device": torch.device("cpu")}),
+        (aten.empty.memory_format, ([7, 9],), {"dtype": torch.float64, "device": torch.device("cpu")}),
     ]
     sizes = Sizes()
     for func, args, kwargs in cases:

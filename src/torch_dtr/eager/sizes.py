@@ -21,6 +21,9 @@
 #    the bound being 1.7x the real workspace). So an op whose rule is a bound (``FuncInfo.learns_size``)
 #    has its real output bytes learned after every call, budget or not (``learn``), keyed by its inputs'
 #    shapes, strides, dtypes and other arguments: from the second call per shape on, it is predicted exactly.
+# 7. A ``device`` keyword runs as ``meta``: ``_to_copy(x, dtype=..., device=cpu)`` (autocast's casts, ``.to``)
+#    on a meta input otherwise asks for a copy out of meta and fails, and went unsized (found by
+#    tests/eager/test_programs.py's autocast program).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _CACHE: dict[Any, int] = {}  # shared by every session: enabling again does not 
 _LEARNED: dict[Any, int] = {}  # NOTE 6: the real bytes of ops whose rule is a bound, per call key
 _CACHE_MAX = 20_000
 _LOW = torch.bfloat16
+_META = torch.device("meta")
 
 
 def _key(x: Any) -> Any:
@@ -203,7 +207,8 @@ class Sizes:
         if low and not _floats(args):
             return None
         try:
-            mk = {k: _to_meta(v, low) for k, v in kwargs.items() if k != "generator"}
+            # a device argument (autocast's casts name the real one) would ask for a copy out of meta
+            mk = {k: _META if k == "device" else _to_meta(v, low) for k, v in kwargs.items() if k != "generator"}
             out = flat_outputs(fi.func(*_to_meta(args, low), **mk))
         except Exception:
             return None
