@@ -227,10 +227,132 @@ def channels_last_cnn(mark: Marks) -> list[torch.Tensor]:
     return out + [plain(p) for p in net.parameters()] + [plain(b) for b in net.buffers()]
 
 
+def gan(mark: Marks) -> list[torch.Tensor]:
+    """Two networks and two optimizers: D on real and detached fake samples, then G through D."""
+    torch.manual_seed(0)
+    g, d = _mlp(16), _mlp(32)
+    g[-1] = torch.nn.Linear(32, 32)
+    opt_g, opt_d = torch.optim.Adam(g.parameters(), lr=1e-3), torch.optim.Adam(d.parameters(), lr=1e-3)
+    out = []
+    for _ in range(2):
+        real, z = torch.randn(128, 32), torch.randn(128, 16)
+        fake = g(z)
+        d_loss = F.softplus(-d(real)).mean() + F.softplus(d(fake.detach())).mean()
+        mark()
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = F.softplus(-d(fake)).mean()
+        mark()
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+        out += [plain(d_loss), plain(g_loss)]
+    return out + [plain(p) for p in [*g.parameters(), *d.parameters()]]
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+def tied_weights_custom_function_and_ema(mark: Marks) -> list[torch.Tensor]:
+    """A language-model head tied to its embedding, a custom autograd.Function, an EMA copy of the weights
+    updated in place under no_grad, and losses logged with .item() every step."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(100, 32, padding_idx=0)
+    body = _mlp(32)
+    body[-1] = torch.nn.Linear(64, 32)
+    params = [*emb.parameters(), *body.parameters()]
+    ema = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=0.1)
+    logged = []
+    for _ in range(3):
+        tokens = torch.randint(0, 100, (64, 8))
+        h = _Square.apply(body(emb(tokens)))
+        logits = h @ emb.weight.t()
+        loss = F.cross_entropy(logits.reshape(-1, 100), torch.randint(0, 100, (64 * 8,)))
+        mark()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for e, p in zip(ema, params, strict=True):
+                e.lerp_(p, 0.1)
+        logged.append(loss.item())
+    return [torch.tensor(logged)] + [plain(p) for p in params] + [plain(e) for e in ema]
+
+
+def spectral_and_weight_norm(mark: Marks) -> list[torch.Tensor]:
+    """Parametrizations: spectral_norm (power iteration writes its buffers in place) and weight_norm."""
+    torch.manual_seed(0)
+    net = _mlp()
+    torch.nn.utils.parametrizations.spectral_norm(net[2])
+    torch.nn.utils.parametrizations.weight_norm(net[4])
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    out = []
+    for _ in range(2):
+        loss = net(torch.randn(128, 32)).square().mean()
+        mark()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(plain(loss))
+    return out + [plain(p) for p in net.parameters()] + [plain(b) for b in net.buffers()]
+
+
+def packed_gru_and_attention(mark: Marks) -> list[torch.Tensor]:
+    """Variable-length sequences: a packed GRU, then multi-head attention with a key padding mask."""
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(16, 32, batch_first=True)
+    attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    lengths = torch.tensor([12, 9, 7, 3])
+    x = torch.randn(4, 12, 16)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+    out, _ = gru(packed)
+    seq, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+    pad = torch.arange(12)[None] >= lengths[:, None]
+    y, w = attn(seq, seq, seq, key_padding_mask=pad)
+    mark()
+    loss = y.masked_fill(pad[..., None], 0).square().sum() + w.sum()
+    loss.backward()
+    return [plain(loss), plain(w)] + [plain(p.grad) for p in [*gru.parameters(), *attn.parameters()]]
+
+
+def reentrant_checkpoint_and_freezing(mark: Marks) -> list[torch.Tensor]:
+    """Reentrant torch.utils.checkpoint, then the first layer frozen (requires_grad_(False)) mid-training."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    net = _mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    out = []
+    for step in range(3):
+        if step == 2:
+            net[0].requires_grad_(False)
+        x = torch.randn(128, 32, requires_grad=True)
+        h = checkpoint(net[:5], x, use_reentrant=True)
+        loss = net[5:](h).square().mean()
+        mark()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out += [plain(loss), plain(x.grad)]
+    return out + [plain(p) for p in net.parameters()]
+
+
 PROGRAMS: dict[str, Callable[[Marks], list[torch.Tensor]]] = {
     f.__name__: f for f in (gradient_penalty, retained_graph, hooks, clipped_adam_with_accumulation, autocast_bf16,
                             eval_between_steps, state_dict_round_trip, checkpointed_blocks,
-                            channels_last_cnn)
+                            channels_last_cnn, gan, tied_weights_custom_function_and_ema, spectral_and_weight_norm,
+                            packed_gru_and_attention, reentrant_checkpoint_and_freezing)
 }
 
 
