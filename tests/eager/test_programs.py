@@ -401,3 +401,29 @@ def test_torch_func_transforms_run_unmanaged_and_match_plain():
     _same(got, want, "per_sample_grads")
     params = len(list(_mlp(16).parameters()))
     assert st.ops == params and st.floor_op == "aten.detach.default" and st.rematerializations == 0, st
+
+
+def test_keeping_every_detached_loss_for_20_steps_holds_only_the_scalars():
+    # losses.append(loss.detach()): each held loss's recipe reads the step's graph; once the optimizer step
+    # changes the weights the recipe can never run again, so the loss is pinned and the graph behind it freed
+    torch.manual_seed(0)
+    net = _mlp()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    torch_dtr.enable(budget="400KB")
+    try:
+        losses, seen = [], []
+        for _ in range(20):
+            loss = net(torch.randn(128, 32)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            del loss
+            st = torch_dtr.stats()
+            seen.append((st.resident_bytes - st.constant_bytes, st.live_storages))
+        assert st.evictions > 0
+        torch_dtr.eager.runtime().check()
+    finally:
+        torch_dtr.disable()
+    # one 4-byte scalar and one record more per step, nothing else
+    assert [(b - seen[0][0], n - seen[0][1]) for b, n in seen] == [(4 * k, k) for k in range(20)], seen
