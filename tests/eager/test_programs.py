@@ -427,3 +427,29 @@ def test_keeping_every_detached_loss_for_20_steps_holds_only_the_scalars():
         torch_dtr.disable()
     # one 4-byte scalar and one record more per step, nothing else
     assert [(b - seen[0][0], n - seen[0][1]) for b, n in seen] == [(4 * k, k) for k in range(20)], seen
+
+
+def _random_program(mark: Marks) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(64, 64, requires_grad=True)
+    h = torch.tanh(torch.randn(32, 64) @ w)
+    mask = torch.empty_like(h).bernoulli_(0.8, generator=g)  # dropout drawn from the user's own generator
+    q = (h * mask / 0.8).view(32, 4, 16).transpose(0, 1)
+    a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, is_causal=True)
+    out = (a + 0.01 * torch.randn(a.shape, generator=g)).sum()
+    mark()
+    torch.manual_seed(123)  # the program reseeds both streams between its forward and backward
+    g.manual_seed(99)
+    mark()
+    out.backward()
+    return [plain(out), plain(w.grad), torch.rand(3), torch.rand(3, generator=g)]
+
+
+def test_recomputed_randomness_ignores_reseeding_between_forward_and_backward():
+    # every random op recomputed after both streams were reseeded draws what it drew the first time, and
+    # the streams continue as in plain PyTorch
+    want = _random_program(Marks(False))
+    got, st = _under(_random_program, None, True)
+    _same(got, want, "random program")
+    assert st.rematerializations > 0
