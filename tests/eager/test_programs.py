@@ -41,6 +41,15 @@ def _mlp(width: int = 32, depth: int = 6) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(2 * width, 1))
 
 
+def _step(opt: torch.optim.Optimizer, loss: torch.Tensor, mark: Marks) -> torch.Tensor:
+    """The usual update: evict at the mark, zero the gradients, backward, step. Returns the loss, plain."""
+    mark()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return plain(loss)
+
+
 def gradient_penalty(mark: Marks) -> list[torch.Tensor]:
     """WGAN-GP: the penalty on the input gradient needs a second backward through the first."""
     torch.manual_seed(0)
@@ -135,10 +144,7 @@ def eval_between_steps(mark: Marks) -> list[torch.Tensor]:
     for _ in range(2):
         net.train()
         loss = net(torch.randn(512, 32)).square().mean()
-        mark()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _step(opt, loss, mark)
         net.eval()
         with torch.inference_mode():
             out.append(plain(net(torch.randn(4, 32))))
@@ -155,10 +161,7 @@ def state_dict_round_trip(mark: Marks) -> list[torch.Tensor]:
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     for _ in range(2):
         loss = net(torch.randn(512, 32)).square().mean()
-        mark()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _step(opt, loss, mark)
     buf = io.BytesIO()
     torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, buf)
     buf.seek(0)
@@ -169,10 +172,7 @@ def state_dict_round_trip(mark: Marks) -> list[torch.Tensor]:
     opt2 = torch.optim.Adam(net2.parameters(), lr=1e-2)
     opt2.load_state_dict(state["opt"])
     loss = net2(torch.randn(512, 32)).square().mean()
-    mark()
-    opt2.zero_grad()
-    loss.backward()
-    opt2.step()
+    _step(opt2, loss, mark)
     return [plain(loss)] + [plain(p) for p in net2.parameters()]
 
 
@@ -219,11 +219,7 @@ def channels_last_cnn(mark: Marks) -> list[torch.Tensor]:
     for _ in range(2):
         x = torch.randn(16, 3, 32, 32).to(memory_format=torch.channels_last)
         loss = F.cross_entropy(net(x), torch.randint(0, 4, (16,)))
-        mark()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(plain(loss))
+        out.append(_step(opt, loss, mark))
     return out + [plain(p) for p in net.parameters()] + [plain(b) for b in net.buffers()]
 
 
@@ -238,15 +234,9 @@ def gan(mark: Marks) -> list[torch.Tensor]:
         real, z = torch.randn(128, 32), torch.randn(128, 16)
         fake = g(z)
         d_loss = F.softplus(-d(real)).mean() + F.softplus(d(fake.detach())).mean()
-        mark()
-        opt_d.zero_grad()
-        d_loss.backward()
-        opt_d.step()
+        _step(opt_d, d_loss, mark)
         g_loss = F.softplus(-d(fake)).mean()
-        mark()
-        opt_g.zero_grad()
-        g_loss.backward()
-        opt_g.step()
+        _step(opt_g, g_loss, mark)
         out += [plain(d_loss), plain(g_loss)]
     return out + [plain(p) for p in [*g.parameters(), *d.parameters()]]
 
@@ -279,10 +269,7 @@ def tied_weights_custom_function_and_ema(mark: Marks) -> list[torch.Tensor]:
         h = _Square.apply(body(emb(tokens)))
         logits = h @ emb.weight.t()
         loss = F.cross_entropy(logits.reshape(-1, 100), torch.randint(0, 100, (64 * 8,)))
-        mark()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _step(opt, loss, mark)
         with torch.no_grad():
             for e, p in zip(ema, params, strict=True):
                 e.lerp_(p, 0.1)
@@ -300,11 +287,7 @@ def spectral_and_weight_norm(mark: Marks) -> list[torch.Tensor]:
     out = []
     for _ in range(2):
         loss = net(torch.randn(128, 32)).square().mean()
-        mark()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(plain(loss))
+        out.append(_step(opt, loss, mark))
     return out + [plain(p) for p in net.parameters()] + [plain(b) for b in net.buffers()]
 
 
@@ -340,10 +323,7 @@ def reentrant_checkpoint_and_freezing(mark: Marks) -> list[torch.Tensor]:
         x = torch.randn(128, 32, requires_grad=True)
         h = checkpoint(net[:5], x, use_reentrant=True)
         loss = net[5:](h).square().mean()
-        mark()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _step(opt, loss, mark)
         out += [plain(loss), plain(x.grad)]
     return out + [plain(p) for p in net.parameters()]
 
