@@ -317,6 +317,13 @@ def test_output_sizes_from_shape_rules_and_data_match_what_the_ops_make():
         (aten._to_copy.default, (x,), {"dtype": torch.bfloat16, "layout": torch.strided,
                                        "device": torch.device("cpu")}),
         (aten.empty.memory_format, ([7, 9],), {"dtype": torch.float64, "device": torch.device("cpu")}),
+        # CPU losses reduced into a view of their elementwise buffer (NOTE 8)
+        (aten.mse_loss.default, (x, torch.randn(40, 30), 1), {}),
+        (aten.mse_loss.default, (torch.randn(40, 1), x, 2), {}),
+        (aten.smooth_l1_loss.default, (x, torch.randn(40, 30), 1, 0.5), {}),
+        (aten.binary_cross_entropy.default, (torch.rand(40, 30), torch.rand(40, 30), None, 1), {}),
+        (aten.soft_margin_loss.default, (x, torch.randn(40, 30).sign(), 2), {}),
+        (aten.mse_loss.default, (x, torch.randn(40, 30), 0), {}),
     ]
     sizes = Sizes()
     for func, args, kwargs in cases:

@@ -328,11 +328,102 @@ def reentrant_checkpoint_and_freezing(mark: Marks) -> list[torch.Tensor]:
     return out + [plain(p) for p in net.parameters()]
 
 
+def vae_with_grad_scaler(mark: Marks) -> list[torch.Tensor]:
+    """A VAE step: reparameterized Normal sample, KL and log-prob terms, bf16 autocast and a GradScaler,
+    a cosine learning-rate schedule."""
+    torch.manual_seed(0)
+    enc, dec = _mlp(32), _mlp(8)
+    enc[-1], dec[-1] = torch.nn.Linear(64, 16), torch.nn.Linear(16, 32)
+    params = [*enc.parameters(), *dec.parameters()]
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    out = []
+    for _ in range(2):
+        x = torch.randn(128, 32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mu, log_var = enc(x).float().chunk(2, dim=1)
+            q = torch.distributions.Normal(mu, (0.5 * log_var).exp())
+            z = q.rsample()
+            recon = dec(z).float()
+        kl = torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 1.0)).sum(1).mean()
+        loss = F.mse_loss(recon, x) + kl - q.log_prob(z).mean() * 0.0
+        mark()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        out.append(plain(loss))
+    return out + [plain(p) for p in params]
+
+
+def transformer_encoder_train_and_fast_path_eval(mark: Marks) -> list[torch.Tensor]:
+    """nn.TransformerEncoder with a padding mask: a training step, then eval under no_grad, where PyTorch
+    takes its fused fast path (nested tensors for the padded batch)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+    opt = torch.optim.Adam(enc.parameters(), lr=1e-3)
+    x = torch.randn(8, 10, 32)
+    pad = torch.arange(10)[None] >= torch.tensor([10, 8, 7, 7, 5, 4, 3, 2])[:, None]
+    enc.train()
+    loss = enc(x, src_key_padding_mask=pad).masked_fill(pad[..., None], 0).square().mean()
+    _step(opt, loss, mark)
+    enc.eval()
+    with torch.no_grad():
+        y = enc(x, src_key_padding_mask=pad)
+    return [plain(loss), plain(y.masked_fill(pad[..., None], 0))] + [plain(p) for p in enc.parameters()]
+
+
+def unet_decoder_with_renormed_embedding(mark: Marks) -> list[torch.Tensor]:
+    """Upsampling and transposed convolutions with a skip concatenation, conditioned on an embedding
+    with max_norm (its forward renormalizes rows of the weight in place)."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 8, max_norm=1.0)
+    down = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+    up = torch.nn.ConvTranspose2d(8, 8, 2, stride=2)
+    head = torch.nn.Conv2d(16 + 8, 3, 3, padding=1)
+    params = [*emb.parameters(), *down.parameters(), *up.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3)
+    out = []
+    for _ in range(2):
+        x, label = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+        skip = torch.cat([F.interpolate(down(x), scale_factor=2, mode="bilinear", align_corners=False),
+                          up(F.relu(down(x)))], dim=1)
+        cond = emb(label)[:, :, None, None].expand(-1, -1, 32, 32)
+        loss = F.mse_loss(head(torch.cat([skip, cond], dim=1)), x)
+        out.append(_step(opt, loss, mark))
+    return out + [plain(p) for p in params]
+
+
+def retrieval_with_data_dependent_indexing(mark: Marks) -> list[torch.Tensor]:
+    """Top-k neighbours by cdist, gather, scatter_add into buckets, sort, a vector-Jacobian backward with
+    ``backward(gradient=...)``, an in-place write into a non-leaf's view, a gradient set by hand."""
+    torch.manual_seed(0)
+    keys = torch.randn(256, 16, requires_grad=True)
+    q = torch.randn(32, 16, requires_grad=True)
+    d = torch.cdist(q, keys)
+    vals, idx = d.topk(5, dim=1, largest=False)
+    near = keys[idx]  # (32, 5, 16)
+    mixed = (near * F.softmax(-vals, dim=1)[..., None]).sum(1)
+    mixed[:, 0] += 1.0  # an in-place write through a view of a non-leaf
+    buckets = torch.zeros(8, 16).scatter_add(0, (idx[:, :1] % 8).expand(-1, 16), mixed)
+    ranked, order = buckets.norm(dim=1).sort(descending=True)
+    mark()
+    out = buckets[order] * ranked[:, None]
+    out.backward(gradient=torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+    q.grad = q.grad * 0.5  # set by hand, as gradient surgery does
+    return [plain(out), plain(keys.grad), plain(q.grad), plain(order)]
+
+
 PROGRAMS: dict[str, Callable[[Marks], list[torch.Tensor]]] = {
     f.__name__: f for f in (gradient_penalty, retained_graph, hooks, clipped_adam_with_accumulation, autocast_bf16,
                             eval_between_steps, state_dict_round_trip, checkpointed_blocks,
                             channels_last_cnn, gan, tied_weights_custom_function_and_ema, spectral_and_weight_norm,
-                            packed_gru_and_attention, reentrant_checkpoint_and_freezing)
+                            packed_gru_and_attention, reentrant_checkpoint_and_freezing, vae_with_grad_scaler,
+                            transformer_encoder_train_and_fast_path_eval, unet_decoder_with_renormed_embedding,
+                            retrieval_with_data_dependent_indexing)
 }
 
 

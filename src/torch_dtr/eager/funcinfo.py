@@ -19,7 +19,7 @@ _RUNNING_STATS = {"running_mean", "running_var"}
 _MAY_CROSS_DEVICE = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"}
 # in-place ops that change only a tensor's view metadata (size, stride, offset), never its data
 # ops whose size rule (sizes.py) is an upper bound: the exact bytes are learned after a call, per input shapes
-_SIZE_BOUND = frozenset({"mkldnn_rnn_layer"})
+_SIZE_BOUND = frozenset({"mkldnn_rnn_layer", "mse_loss", "smooth_l1_loss", "binary_cross_entropy", "soft_margin_loss"})
 _RESTRIDE = {"t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_"}
 
 
