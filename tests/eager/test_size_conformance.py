@@ -120,3 +120,16 @@ def test_an_op_predicted_short_is_warned_once_and_learned():
         assert torch.equal(torch_dtr.unwrap(b), want) and filler is not None
     finally:
         torch_dtr.disable()
+
+
+def test_an_unsized_call_leaves_other_signatures_of_the_op_sized():
+    # NOTE [ Size prediction ] 10: index.Tensor with a boolean mask cannot be sized in advance; with
+    # integer indices it can, also after a masked call (it once marked the whole op unsized for good)
+    x = torch.randn(40, 30)
+    index = torch.ops.aten.index.Tensor
+    sizes = Sizes()
+    with pytest.warns(RuntimeWarning, match="cannot predict the output size of aten.index.Tensor"):
+        assert sizes.predict(info(index), (x, [x[:, 0] > 0]), {}) == 0
+    rows = torch.tensor([3, 1, 4, 1, 5])
+    assert sizes.predict(info(index), (x, [rows]), {}) == index(x, [rows]).untyped_storage().nbytes() == 5 * 30 * 4
+    assert sizes.unsized == {"aten.index.Tensor": 1}

@@ -249,7 +249,7 @@ class Front:
             if held:
                 rt.release(held)
         if rt.budget is not None and rt.memory.tracked > rt.budget:  # a size prediction fell short
-            if fi.fresh and not fi.dynamic_shape and override is None:  # NOTE [ Size prediction ] 9
+            if fi.fresh and override is None:  # NOTE [ Size prediction ] 9
                 bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
                 self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
             rt.reserve(0, fi.name)

@@ -42,7 +42,7 @@ class FuncInfo:
     """
 
     __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
-                 "dynamic_shape", "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
+                 "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
                  "stats", "learns_size")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
@@ -84,7 +84,6 @@ class FuncInfo:
         self.hidden_writes = tuple(where(a) for a in unmarked) if train else ()
         self.training = where(train[0]) if train else (1 << 30, "")
         self.stats = tuple(where(a) for a in unmarked)  # running statistics read (eval) or written (training)
-        self.dynamic_shape = False  # set when meta inference fails (data-dependent output size)
 
     def arg(self, pos_name: tuple[int, str], args: tuple, kwargs: dict) -> object:
         pos, name = pos_name

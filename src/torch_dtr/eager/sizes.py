@@ -33,6 +33,10 @@
 #    tests/eager/test_size_conformance.py over op_db: ``col2im``, ``im2col``, ``_embedding_bag``) has its real
 #    size stored under its call signature in the cache, so only its first call per signature can exceed the
 #    budget, and is warned about once (``Sizes.short``). The runtime evicts right after such an op either way.
+# 10. Rule 4's "nothing could size it" is remembered per call signature, not per op: ``index.Tensor`` with a
+#    boolean mask has no meta size, with integer indices it has one; marking the op once for all (as before)
+#    left every later integer indexing unsized, which the zoo's whisper model hit at 50% of its peak after
+#    tests/eager/test_size_conformance.py had run a masked sample in the same process.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ _LEARNED: dict[Any, int] = {}  # NOTE 6: the real bytes of ops whose rule is a b
 _CACHE_MAX = 20_000
 _LOW = torch.bfloat16
 _META = torch.device("meta")
+_UNSIZED = -1  # cached for a call signature that nothing could size (rule 4)
 
 
 def _key(x: Any) -> Any:
@@ -197,28 +202,27 @@ class Sizes:
                 if hit is not None:
                     return hit
             return rule(args, kwargs)
-        if fi.dynamic_shape:
-            self._unsized(fi.name)
-            return 0
         try:
             key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
             hit = self.cache.get(key)
         except TypeError:  # an unhashable argument
             key, hit = None, None
         if hit is not None:
+            if hit == _UNSIZED:
+                self._unsized(fi.name)
+                return 0
             return hit
         nbytes = self._meta(fi, args, kwargs, False)
         if nbytes is None:
             nbytes = self._meta(fi, args, kwargs, True)
-        if nbytes is None:
-            fi.dynamic_shape = True
+        if nbytes is None:  # per call signature: index.Tensor with a boolean mask, not with integer indices
+            nbytes = _UNSIZED
             self._unsized(fi.name)
-            return 0
         if key is not None:
             if len(self.cache) >= _CACHE_MAX:  # bounded: a changing scalar makes a new key each time
                 self.cache.clear()
             self.cache[key] = nbytes
-        return nbytes
+        return max(nbytes, 0)
 
     @staticmethod
     def learn(fi: FuncInfo, args: tuple, kwargs: dict, nbytes: int) -> None:
@@ -236,9 +240,12 @@ class Sizes:
             self.learn(fi, args, kwargs, made)
         else:
             try:
-                self.cache[(fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))] = made
+                key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
             except TypeError:  # an unhashable argument: nothing to key it by
-                pass
+                return
+            if self.cache.get(key) == _UNSIZED:  # sized by nothing (rule 4, warned): the data decides
+                return
+            self.cache[key] = made
         n = self.short.get(fi.name, 0)
         self.short[fi.name] = n + 1
         if n == 0:
