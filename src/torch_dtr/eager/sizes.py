@@ -203,7 +203,7 @@ class Sizes:
                     return hit
             return rule(args, kwargs)
         try:
-            key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
+            key = _call_key(fi, args, kwargs)
             hit = self.cache.get(key)
         except TypeError:  # an unhashable argument
             key, hit = None, None
@@ -233,25 +233,23 @@ class Sizes:
 
     def fell_short(self, fi: FuncInfo, args: tuple, kwargs: dict, predicted: int, made: int) -> None:
         """The op made ``made`` bytes of fresh outputs where ``predicted`` were reserved and the budget was
-        exceeded: remember the real size for this call signature and say so once per op (NOTE 9)."""
-        if made <= predicted or _RULE_OF.get(fi.func) not in (None, _NONE) and not fi.learns_size:
+        exceeded: say so once per op and, if its meta kernel sized it, remember the real size for this call
+        signature (NOTE 9; an op with a rule that is a bound learns after every call already, rule 6)."""
+        if made <= predicted:
             return
-        if fi.learns_size:
-            self.learn(fi, args, kwargs, made)
-        else:
+        if _RULE_OF.get(fi.func) is None:
             try:
-                key = (fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items()))
+                key = _call_key(fi, args, kwargs)
             except TypeError:  # an unhashable argument: nothing to key it by
-                return
-            if self.cache.get(key) == _UNSIZED:  # sized by nothing (rule 4, warned): the data decides
-                return
-            self.cache[key] = made
+                key = None
+            if key is not None and self.cache.get(key) != _UNSIZED:  # unsized (rule 4): the data decides
+                self.cache[key] = made
         n = self.short.get(fi.name, 0)
         self.short[fi.name] = n + 1
         if n == 0:
             warnings.warn(f"torch_dtr: {fi.name} made {made} B of outputs where its shape rule said {predicted} B, "
-                          f"so the budget was exceeded by up to the difference while it returned; the real size is "
-                          f"used from now on for the same argument shapes. Please report the op.", RuntimeWarning,
+                          f"so the budget was exceeded by up to the difference while it returned; from now on the real "
+                          f"size is reserved for the same argument shapes. Please report the op.", RuntimeWarning,
                           stacklevel=2)
 
     def _unsized(self, name: str) -> None:
