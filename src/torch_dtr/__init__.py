@@ -9,7 +9,8 @@
 from .core import BudgetError, InternalError, Policy, Stats
 from .core.policies import POLICIES, register
 
-_EAGER = ("ConstantChangedError", "DTRTensor", "attach", "budget", "disable", "enable", "enabled", "listen",
+_EAGER = ("ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
+          "attach", "budget", "disable", "enable", "enabled", "listen",
           "parse_budget", "reset_peak", "runtime", "stats", "unwrap")
 
 
@@ -28,7 +29,8 @@ def __getattr__(name: str) -> object:
 
 __version__ = "0.1.0"
 __all__ = [
-    "POLICIES", "BudgetError", "ConstantChangedError", "DTRTensor", "InternalError", "Policy", "Stats", "attach",
+    "POLICIES", "BudgetError", "ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
+    "InternalError", "Policy", "Stats", "attach",
     "budget",
     "disable", "enable", "enabled", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
     "unwrap",

@@ -149,23 +149,59 @@ def test_add_constant_counts_and_reserves() -> None:
     full_check(rt)
 
 
-def test_extra_usage_drives_eviction() -> None:
-    extra = {"on": False}
-    d = Driver(100, "lru")
+def test_device_usage_counts_outside_bytes_and_is_queried_rarely() -> None:
+    """NOTE [ Budget accounting ] 4: on a device, the budget bounds the allocator's count; what the runtime
+    does not track is learned every ``sync_every`` reserving ops, never per op."""
+    dev = {"outside": 0, "calls": 0}
+
+    def usage() -> tuple[int, int]:
+        dev["calls"] += 1
+        now = d.rt.memory.tracked + dev["outside"]
+        return now, now
+
+    d = Driver(100, "lru", device_usage=usage, sync_every=5)
     rt = d.rt
     c = d.const(10, 0)
     xs = [d.op1([c], 1, 20, lambda v, i=i: v + i) for i in range(4)]
-    assert rt.memory.tracked == 90
-    # an allocator that sees 15 B more than the runtime counts (fragmentation, workspaces)
-    rt.extra_usage = lambda: rt.memory.tracked + 15 if extra["on"] else 0
-    rt.reserve(10)  # max(90, 0) + 10 <= 100
-    assert rt.evictions == 0
-    extra["on"] = True
-    rt.reserve(10)  # max(90, 105) + 10 > 100: evict 20 B (the stalest), then max(70, 85) + 10 <= 100
+    assert rt.memory.tracked == 90 and rt.evictions == 0 and rt.memory.outside == 0
+    calls = dev["calls"]
+    assert calls == 1, f"{calls} queries for the first 4 ops with sync_every=5"
+    dev["outside"] = 15  # e.g. an optimizer's state, allocated by plain ops
+    rt.reserve(5)  # not due: the stale count (0 outside) lets it through without a query
+    assert dev["calls"] == calls and rt.evictions == 0
+    rt.sync()
+    assert rt.memory.outside == 15 and rt.stats().outside_bytes == 15 and rt.stats().syncs == calls + 1
+    assert rt.headroom == 5, "the sync saw the device at 105 B, 5 B past the budget: kept free from now on"
+    rt.reserve(10)  # 90 + 15 + 10 > 100 - 5: evict 20 B (the stalest), then 70 + 15 + 10 <= 95
     assert rt.evictions == 1 and not xs[0].resident and all(x.resident for x in xs[1:])
-    with pytest.raises(BudgetError):
+    assert rt.stats().peak_bytes == 105, "the peak counts the device's bytes outside the runtime too"
+    with pytest.raises(BudgetError, match=r"outside torch-dtr's reach 15 B") as e:
         rt.reserve(80)  # 10 + 15 + 80 > 100 even with everything evicted
+    msg = str(e.value)
+    need = int(re.search(r"at least .*?\((\d+) B\) is needed", msg).group(1))
+    suggested = int(re.search(r"budget=(\d+)\)", msg).group(1))
+    assert need == 10 + 15 + 80 + 5 > rt.budget and suggested >= need and "5 B is kept free" in msg, msg
     assert rt.evictions == 4 and rt.memory.tracked == 10
+    dev["outside"] = 0  # what was outside died: at the next op, the query before giving up sees it, and it fits
+    rt.ran([], 0.0)
+    rt.reserve(80)
+    assert rt.memory.outside == 0
+    rt.check()
+
+
+def test_out_of_memory_evicts_the_drivers_choice_first_and_counts() -> None:
+    d = Driver(None, "lru")
+    rt = d.rt
+    c = d.const(10, 0)
+    xs = [d.op1([c], 1, 20, lambda v, i=i: v + i) for i in range(4)]
+    xs[1].locks += 1  # in use by the op in flight: skipped
+    assert rt.out_of_memory(30, first=[xs[2], xs[1]]) == 40, "xs[2], then the policy's stalest (xs[0])"
+    assert not xs[2].resident and not xs[0].resident and xs[1].resident and xs[3].resident
+    xs[1].locks -= 1
+    st = rt.stats()
+    assert (st.oom_retries, st.oom_evicted_bytes, st.evictions) == (1, 40, 2)
+    assert rt.out_of_memory(100) == 40 and rt.out_of_memory(1) == 0, "nothing left: the caller gives up"
+    assert rt.stats().oom_retries == 2
     rt.check()
 
 

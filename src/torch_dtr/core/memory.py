@@ -13,26 +13,40 @@ from .records import Storage
 # 3. The guarantee: ``tracked`` never exceeds the budget after any op (peak included), or the runtime
 #    raises ``BudgetError`` before running the op. Where the front end cannot know an output's size
 #    before running (data-dependent shapes), it reserves an upper bound.
-# 4. An optional ``extra_usage()`` callback lets a front end add a real allocator's count (CUDA):
-#    eviction then also continues while that count + n would pass the budget.
+# 4. On a device with an allocator of its own (CUDA), a budget bounds what that allocator has handed out in
+#    the process, whoever asked for it (``torch.cuda.memory_allocated``): ``used = tracked + outside``, where
+#    ``outside`` is the device's bytes that the runtime does not track (parameters no managed op has read yet,
+#    optimizer state, plain tensors, workspaces, allocator rounding). The front end learns it from the
+#    allocator rarely (``Runtime.sync``), never per op: NOTE [ Device memory ] in ``eager/device.py``. With
+#    no device (the CPU, replays of operator logs), ``outside`` stays 0 and the budget bounds tracked bytes.
 # 5. Tensors without a strided storage (sparse layouts) are not managed and not counted: the eager front
 #    end computes them eagerly and never evicts them.
+# 6. Between two syncs the count can miss device bytes (a block the allocator did not split, a kernel's scratch
+#    memory, a plain tensor still holding a released storage's memory). When a sync finds the allocator's
+#    peak above the budget, the excess is added to ``Runtime.headroom`` (at most a quarter of the budget),
+#    which ``reserve`` keeps free from then on: the budget is kept, after a first excess that is measured.
 
 
 class Memory:
     """Counts tracked bytes and their peak. Replace it to model an address space (fragmentation)."""
 
-    __slots__ = ("tracked", "peak", "constants")
+    __slots__ = ("tracked", "peak", "constants", "outside")
 
     def __init__(self) -> None:
         self.tracked = 0
-        self.peak = 0
+        self.peak = 0  # the largest ``tracked + outside`` seen
         self.constants = 0  # the part of ``tracked`` that is constants
+        self.outside = 0  # the device's bytes in use that are not tracked (rule 4), as last learned
 
     def alloc(self, s: Storage) -> None:
         self.tracked += s.nbytes
-        if self.tracked > self.peak:
-            self.peak = self.tracked
+        if self.tracked + self.outside > self.peak:
+            self.peak = self.tracked + self.outside
+
+    def set_outside(self, nbytes: int) -> None:
+        self.outside = nbytes
+        if self.tracked + nbytes > self.peak:
+            self.peak = self.tracked + nbytes
 
     def free(self, s: Storage) -> None:
         self.tracked -= s.nbytes
@@ -40,8 +54,8 @@ class Memory:
     def add_constant(self, nbytes: int) -> None:
         self.constants += nbytes
         self.tracked += nbytes
-        if self.tracked > self.peak:
-            self.peak = self.tracked
+        if self.tracked + self.outside > self.peak:
+            self.peak = self.tracked + self.outside
 
     def remove_constant(self, nbytes: int) -> None:
         self.constants -= nbytes

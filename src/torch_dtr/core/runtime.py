@@ -15,7 +15,8 @@ talks to it only through these verbs, and never writes a record's fields:
     rt.add_ref(s) / rt.drop_ref(s)             # handles (tensors, log names) on a storage
 
 plus ``new_version`` (in-place writes), ``add_constant``, ``pin``, ``get``/``rematerialize``/``bring``, ``evict``,
-``evict_some`` (out-of-memory retries), ``set_cost``, ``set_budget``, ``stranded``/``invalidate`` (an input
+``evict_some``/``out_of_memory`` (out-of-memory retries), ``sync``/``add_outside`` (a device's allocator count),
+``set_cost``, ``set_budget``, ``stranded``/``invalidate`` (an input
 of recipes changed) and ``listen`` (observers of its events).
 """
 
@@ -205,6 +206,19 @@ class Stats:
     floor_bytes: int = 0  # the single-op floor so far (NOTE [ The single-op floor ])
     floor_op: str = ""  # the op that set it
     banished: int = 0  # recipes dropped by banishing (NOTE [ Banishing ])
+    # on a device with an allocator (NOTE [ Budget accounting ] 4): its bytes the runtime does not track, as
+    # last learned; peak_bytes and budget_bytes then include them
+    outside_bytes: int = 0
+    syncs: int = 0  # allocator queries (``Runtime.sync``)
+    oom_retries: int = 0  # ops and recomputations retried after the allocator ran out of memory
+    oom_evicted_bytes: int = 0  # bytes evicted to make those retries fit
+
+
+def _suggest(need: float) -> str:
+    """The fix a ``BudgetError`` suggests: a budget 10% above ``need`` (never below the floor it quotes)."""
+    n = math.ceil(need * 1.1)
+    return (f"Raise the budget, e.g. to {fmt_bytes(n)}: torch_dtr.enable(budget={n}), or "
+            f"`with torch_dtr.budget({n}):` for a scope inside a running session.")
 
 
 def _sid(s: Storage) -> int:
@@ -247,7 +261,8 @@ class Runtime:
         min_evict_bytes: int | None = None,
         memory: Memory | None = None,
         victim: Drop | None = None,
-        extra_usage: Callable[[], int] | None = None,
+        device_usage: Callable[[], tuple[int, int]] | None = None,
+        sync_every: int = 64,
         seed: int = 0,
         remat: str = "plan",
         banish_depth: int = 0,
@@ -268,7 +283,17 @@ class Runtime:
         self.min_evict_bytes = min_evict_bytes
         self.memory = memory or Memory()
         self.victim = victim or Drop()
-        self.extra_usage = extra_usage
+        # NOTE [ Budget accounting ] 4: the device allocator's bytes in use now and at their peak, queried at
+        # most every ``sync_every`` ops that reserve, and before a BudgetError (never per op: 30-360 us each)
+        self.device_usage = device_usage
+        self.sync_every = sync_every
+        self.syncs = 0
+        self.headroom = 0  # bytes kept free below the budget for what the count missed between syncs (rule 6)
+        self._device_peak = -1  # the allocator's peak at the last sync
+        self._dirty = False  # the outside count grew by guesses since the last sync (plain ops' outputs)
+        self._synced: tuple[int, int, int] | None = None  # (ops, tracked, outside) right after the last sync
+        self._next_sync = 0 if device_usage is not None else 1 << 62  # self.ops at which reserve() syncs next
+        self.oom_retries = self.oom_evicted_bytes = 0
         self.rng = random.Random(seed)
         self.candidates: dict[Storage, None] = {}  # resident, evictable storages (insertion-ordered set)
         self.candidate_bytes = 0
@@ -365,7 +390,8 @@ class Runtime:
         op = None if compute is None else Op(inputs, cost, compute, name, writes)
         ins = op.inputs if op is not None else inputs if len(inputs) < 2 else dict.fromkeys(inputs)  # distinct
         # constants and pinned storages (the floor's sum), less those pinned by banishing (NOTE [ Banishing ] 5)
-        need = self.memory.tracked - self.candidate_bytes - self.banished_bytes
+        mem = self.memory
+        need = mem.tracked + mem.outside - self.candidate_bytes - self.banished_bytes
         for s in ins:
             s.last_access = now
             if not s.pinned or s.banished:
@@ -475,6 +501,9 @@ class Runtime:
             s.released = True
             if s.resident:
                 self._unresident(s)
+                if s.pinned and self.device_usage is not None and self.budget is not None:
+                    # its memory lives on in a plain tensor (an unwrapped p.grad): outside until the next sync
+                    self.memory.outside += s.nbytes
             self.tracker.restored(s)
             s.payload = None
             self.live.pop(s, None)
@@ -648,13 +677,51 @@ class Runtime:
     def reserve(self, nbytes: int, where: str = "") -> None:
         """Evict until ``nbytes`` more fit within the budget; raise ``BudgetError`` when they cannot.
         ``where`` names what needs the bytes, for the error message."""
+        mem = self.memory
+        if self.ops >= self._next_sync:  # never without a device (NOTE [ Budget accounting ] 4)
+            self.sync()
         if self.budget is None:
             return
-        while self._used() + nbytes > self.budget:
+        limit = self.budget - self.headroom
+        if self._dirty and mem.tracked + mem.outside + nbytes > limit:
+            self.sync()  # plain ops added to the outside count since the last query: most of it may be gone
+        while mem.tracked + mem.outside + nbytes > limit:
             victim = self._choose()
             if victim is None:
+                # the device's count may be stale (tensors outside died since): learn it before giving up
+                if self.device_usage is not None and self._synced != (self.ops, mem.tracked, mem.outside):
+                    self.sync()
+                    continue
                 self._raise_budget(nbytes, where)
             self._evict(victim, "evict")
+
+    def sync(self) -> None:
+        """Learn the device's bytes in use from its allocator: what the runtime does not track is ``outside``
+        (NOTE [ Budget accounting ] 4). For drivers after the device's usage changed outside their ops (an
+        out-of-memory retry, plain ops that allocated); ``reserve`` calls it every ``sync_every`` ops."""
+        if self.device_usage is None:
+            return
+        self.syncs += 1
+        self._next_sync = self.ops + self.sync_every
+        mem = self.memory
+        now, peak = self.device_usage()
+        mem.set_outside(max(0, now - mem.tracked))
+        self._dirty = False
+        self._synced = (self.ops, mem.tracked, mem.outside)
+        # NOTE [ Budget accounting ] 6: the allocator's peak rose past the budget since the last sync: what the
+        # count missed in between (an unsplit block, a kernel's scratch memory) is kept free from now on
+        if self._device_peak >= 0 and peak > self._device_peak:  # a new peak since the last sync
+            if mem.peak < peak:  # the allocator's own peak, where the count missed it
+                mem.peak = peak
+            if self.budget is not None and peak > self.budget:
+                self.headroom = min(self.budget // 4, self.headroom + peak - self.budget)
+        self._device_peak = peak
+
+    def add_outside(self, nbytes: int) -> None:
+        """The device's usage grew by ``nbytes`` that the runtime does not track (a plain op's outputs); the
+        next ``sync`` corrects the count when they die."""
+        self.memory.set_outside(self.memory.outside + nbytes)
+        self._dirty = True
 
     def evict_some(self, nbytes: int) -> int:
         """Evict by the policy until ``nbytes`` were freed or nothing is left to evict; return the bytes freed.
@@ -669,6 +736,25 @@ class Runtime:
                 break
             self._evict(victim, "evict")
             freed += victim.nbytes
+        return freed
+
+    def out_of_memory(self, nbytes: int, first: Sequence[Storage] = ()) -> int:
+        """The device's allocator could not give ``nbytes`` although the budget was kept (fragmentation,
+        memory the runtime does not count): evict ``first`` (the driver's choice, e.g. a window of adjacent
+        blocks; those no longer evictable are skipped), then by the policy until ``nbytes`` were freed.
+        Returns the bytes freed (0: nothing left to evict, the caller gives up); counted in ``Stats``."""
+        freed = 0
+        for s in first:
+            if s.resident and not s.pinned and not s.locks and not s.released:
+                self._evict(s, "evict")
+                freed += s.nbytes
+        if freed < nbytes:
+            freed += self.evict_some(nbytes - freed)
+        if freed:
+            self.oom_retries += 1
+            self.oom_evicted_bytes += freed
+        if self.device_usage is not None:
+            self.sync()
         return freed
 
     def evict(self, s: Storage) -> None:
@@ -689,15 +775,11 @@ class Runtime:
         if self.listeners:
             self.emit(kind, s)
 
-    def _used(self) -> int:
-        if self.extra_usage is None:
-            return self.memory.tracked
-        return max(self.memory.tracked, self.extra_usage())
-
     def _raise_budget(self, nbytes: int, where: str) -> None:
-        held = self.memory.tracked
+        mem = self.memory
+        held = mem.tracked + mem.outside
         locked = sum(s.nbytes for s in self.candidates if s.locks)
-        need = held + nbytes
+        need = held + nbytes + self.headroom
         # the driver's op: its inputs are what is locked; bytes pinned by banishing are a choice, not a need
         # (NOTE [ Banishing ] 5), so they stay out of the floor unless the op reads them (locked)
         if not self._recomputing:
@@ -709,14 +791,22 @@ class Runtime:
             below = "below it no schedule can run" if self.floor > self.budget else "the budget is above it"  # type: ignore[operator]
             floor = (f" The program's single-op floor so far is {fmt_bytes(self.floor)}"
                      f"{' (' + self.floor_op + ')' if self.floor_op else ''}: {below}.")
+        outside = ""
+        if self.device_usage is not None:
+            outside = (f", outside torch-dtr's reach {fmt_bytes(mem.outside)} (device memory it does not manage: "
+                       f"parameters and buffers no managed op has read yet, optimizer state, inputs, plain "
+                       f"tensors, workspaces, allocator rounding)")
+            if self.headroom:
+                outside += (f", and {fmt_bytes(self.headroom)} is kept free for what the allocator counted "
+                            f"beyond torch-dtr's count between two queries")
         raise BudgetError(
             f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept: "
-            f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(self.memory.constants)}, "
+            f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(mem.constants)}, "
             f"locked by the op in flight and recomputations {fmt_bytes(locked)}, pinned or kept "
-            f"{fmt_bytes(held - self.memory.constants - locked)}) and {where or 'the op'} needs "
+            f"{fmt_bytes(mem.tracked - mem.constants - locked)}{outside}) and {where or 'the op'} needs "
             f"{fmt_bytes(nbytes)} more; "
-            f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here, e.g. "
-            f"torch_dtr.enable(budget={math.ceil(need * 1.1)}).{floor}"
+            f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here.{floor} "
+            f"{_suggest(max(need, self.floor))}"
         )
 
     def _raise_undone(self, roots: Sequence[Storage], ran: int, planned: int) -> None:
@@ -726,8 +816,8 @@ class Runtime:
             f"{len(roots)} evicted value(s) of {fmt_bytes(need)}: their plan of {planned} recomputations needs more "
             f"than the budget while it holds its values, and without holding them the policy evicted them again "
             f"before their readers ran ({ran} recomputations, then it gave up; constants "
-            f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). Raise the "
-            f"budget, e.g. torch_dtr.enable(budget={math.ceil(max(self.budget or 0, self.floor) * 1.25)})")
+            f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). "
+            f"{_suggest(max(self.budget or 0, self.floor) * 1.15)}")
 
     def _choose(self) -> Storage | None:
         t0 = time.perf_counter()
@@ -1121,10 +1211,14 @@ class Runtime:
             floor_bytes=self.floor,
             floor_op=self.floor_op,
             banished=self.banished,
+            outside_bytes=self.memory.outside,
+            syncs=self.syncs,
+            oom_retries=self.oom_retries,
+            oom_evicted_bytes=self.oom_evicted_bytes,
         )
 
     def reset_peak(self) -> None:
-        self.memory.peak = self.memory.tracked
+        self.memory.peak = self.memory.tracked + self.memory.outside
         self.peak_limit = self.budget
 
     def check(self) -> None:
@@ -1152,7 +1246,7 @@ class Runtime:
         internal_assert(banished == self.banished_bytes, f"banished bytes {self.banished_bytes} != {banished}")
         internal_assert(total + self.memory.constants == self.memory.tracked,
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")
-        if self.peak_limit is not None and self.budget is not None and self.extra_usage is None:
+        if self.peak_limit is not None and self.budget is not None and self.device_usage is None:
             limit = max(self.peak_limit, self.budget)
             internal_assert(self.memory.peak <= limit,
                             f"peak {self.memory.peak} > budget {limit} (the largest in force)")

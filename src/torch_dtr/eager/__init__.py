@@ -15,7 +15,9 @@ from .api import (
                   stats,
                   unwrap,
 )
+from .device import CudaDevice, Device
+from .simdevice import SimulatedDevice
 from .tensor import DTRTensor
 
-__all__ = ["ConstantChangedError", "DTRTensor", "attach", "budget", "disable", "enable", "enabled", "listen",
-           "parse_budget", "peek", "reset_peak", "runtime", "stats", "unwrap"]
+__all__ = ["ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice", "attach", "budget",
+           "disable", "enable", "enabled", "listen", "parse_budget", "peek", "reset_peak", "runtime", "stats", "unwrap"]

@@ -13,6 +13,7 @@ import torch
 from ..core import Listener, Stats
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
+from .device import Device
 from .front import DEFAULT_BANISH_DEPTH, Front
 from .tensor import DTRTensor
 
@@ -46,8 +47,17 @@ def parse_budget(budget: int | str | None) -> int | None:
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
-           remat: str = "plan", banish_depth: int = DEFAULT_BANISH_DEPTH) -> None:
-    """Manage every op from here on: keep tracked bytes within ``budget`` by evicting and recomputing.
+           remat: str = "plan", banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
+           sync_every: int = 64) -> None:
+    """Manage every op from here on: keep memory within ``budget`` by evicting and recomputing.
+
+    What the budget bounds: on CUDA, the bytes PyTorch's allocator has handed out on the device
+    (``torch.cuda.memory_allocated``), parameters, optimizer state and workspaces included; on the CPU, the
+    bytes torch-dtr tracks (NOTE [ Device memory ]). With no budget on CUDA, nothing is evicted until the
+    device runs out of memory; then torch-dtr evicts and retries the op. ``device``: the device whose
+    allocator to follow (default: the current CUDA device when CUDA is available; a
+    ``torch_dtr.SimulatedDevice`` runs the same logic over the CPU). ``sync_every``: managed ops between two
+    queries of the allocator's count under a budget (a query costs 30-360 us on a GPU).
 
     ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
     the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
@@ -74,7 +84,14 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         raise ValueError(f"torch_dtr: remat must be 'plan' (the default) or 'stack', got {remat!r}")
     if isinstance(banish_depth, bool) or not isinstance(banish_depth, numbers.Integral) or banish_depth < 0:
         raise ValueError(f"torch_dtr: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
-    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth))
+    if device is not None and not isinstance(device, Device):
+        raise TypeError(f"torch_dtr: device must be a torch_dtr device (CudaDevice, SimulatedDevice) or None, got "
+                        f"{device!r} ({type(device).__name__}); a torch.device is chosen by where the tensors are")
+    if isinstance(sync_every, bool) or not isinstance(sync_every, numbers.Integral) or sync_every < 1:
+        raise ValueError(f"torch_dtr: sync_every must be an int >= 1 (managed ops between allocator queries), got "
+                         f"{sync_every!r}")
+    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
+              int(sync_every))
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f

@@ -1,51 +1,225 @@
-"""Device specifics of the front end: out-of-memory retry and kernel timing on CUDA."""
+"""Device memory for the front end: what a budget bounds on a GPU, out-of-memory retry, kernel timing."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from ..core import Op, Runtime
+from ..core import Op, Runtime, Storage
 from .rng import RngState
 
-# NOTE [ CUDA ]
+# NOTE [ Device memory ]
 #
-# 1. Budget: on CUDA the runtime also reads the caching allocator's count
-#    (``torch.cuda.memory_allocated``, ``Runtime.extra_usage``): eviction continues while either the
-#    tracked bytes or the allocator's bytes, plus the op's outputs, would pass the budget.
-# 2. Out of memory: when the allocator still raises ``torch.OutOfMemoryError`` for an op or a
-#    recomputation (fragmentation, memory the runtime does not see), the front end evicts by the policy
-#    (``Runtime.evict_some``) at least the bytes the op asked for, restores the random state the op
-#    started from, and runs it again; once nothing is left to evict, the error propagates.
-# 3. Timing: kernels run asynchronously, so a host clock around the call measures the launch only. Each
-#    op records a pair of CUDA events; their elapsed time replaces the launch time as the op's cost when
-#    the end event has completed, read lazily before the next eviction decision, never synchronizing.
-#    An op whose outputs already sit in an evicted (union-find) component keeps its estimate, so that
-#    component sums stay consistent.
+# 1. What a budget bounds. On a device whose allocator PyTorch keeps (CUDA), a budget bounds the bytes that
+#    allocator has handed out in this process (``torch.cuda.memory_allocated``; its peak is
+#    ``max_memory_allocated``), whoever asked for them: what users read, and what runs out. torch-dtr tracks
+#    part of it (managed storages, constants its ops read); the rest is *outside* its reach: parameters and
+#    buffers no managed op has read yet, optimizer state, inputs, plain tensors, the cuBLAS workspace,
+#    allocator rounding. The runtime keeps ``tracked + outside`` within the budget (NOTE [ Budget
+#    accounting ] 4) and a ``BudgetError`` names the outside part. On the CPU there is no allocator to ask:
+#    the budget bounds tracked bytes, as before.
+# 2. Never an allocator query per op. ``Device.allocated`` costs 30-360 us on an H100 (it builds PyTorch's
+#    statistics dict), so the runtime learns ``outside`` from it every ``sync_every`` managed ops (64), before
+#    it gives up with a ``BudgetError``, and after an out-of-memory retry. Between two queries what torch-dtr
+#    allocates and frees is counted exactly (each storage rounded up to the allocator's 512 B blocks), and
+#    the fresh outputs of plain ops on the device are added to ``outside`` as they appear (an optimizer's
+#    state on its first step); their frees are seen at the next query, so the count errs high.
+# 3. What is guaranteed: ``tracked + outside`` as counted never passes the budget after an op. The
+#    allocator's own count can pass it by what plain code allocated since the last query and did not return
+#    through dispatch, and by an op's internal scratch memory (invisible at dispatch).
+# 4. Out of memory, with or without a budget: PyTorch's allocator frees its cache and retries by itself
+#    before it raises ``torch.OutOfMemoryError``. The front end then evicts (``OutOfMemory``): first, where
+#    the device exposes its layout (``Device.segments``), the cheapest *window*, a run of adjacent blocks in
+#    one segment, each free or held by an evictable storage, large enough for the request (evictions that
+#    coalesce free memory, as MegEngine's and Coop's do: evicting by score alone frees scattered blocks that
+#    a large request cannot use); then by the policy, until the request (at least 1 MiB) is freed. It
+#    restores the op's random state, retries, and gives up (re-raising) when nothing is left to evict.
+#    ``stats()`` counts ``oom_retries`` and ``oom_evicted_bytes``.
+# 5. The out-of-memory-driven mode: no budget on CUDA. Nothing is evicted until the allocator fails; then
+#    rule 4. Full speed until memory runs out, and the largest batches (docs/design.md, Device memory).
+# 6. Tested without a GPU: ``simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
+#    (512 B rounding, 2 MiB and 20 MiB segments, best fit, splitting, a capacity that raises PyTorch's
+#    ``OutOfMemoryError``) over CPU tensors, behind the same ``Device`` interface.
 #
-# No GPU was available while this was written: points 2 and 3 are exercised on CPU only through their
-# code paths' absence (``Front.cuda`` is False there). See docs/design.md.
+# NOTE [ CUDA timing ]
+#
+# Kernels run asynchronously, so a host clock around the call measures the launch only. With
+# ``costs="time"`` each op records a pair of CUDA events; their elapsed time replaces the launch time as the
+# op's cost when the end event has completed, read lazily before the next eviction decision, never
+# synchronizing. An op whose outputs already sit in an evicted (union-find) component keeps its estimate, so
+# that component sums stay consistent.
 
+GRANULE = 512  # PyTorch's caching allocator rounds every block up to a multiple of this
 _MIN_EVICT = 1 << 20  # evict at least 1 MiB per retry: the allocator rounds and fragments
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+SMALL = 1 << 20  # requests up to this come from the allocator's small pool (its own segments)
+Block = tuple[int, int, bool]  # (address, bytes, allocated)
+Segment = tuple[bool, list[Block]]  # (small pool, blocks in address order)
 
 
-def retry_on_oom(rt: Runtime, run: Callable[[], Any], need: int, rng: RngState | None) -> Any:
-    """``run()``; on ``OutOfMemoryError`` evict by the policy and try again until nothing is left."""
-    while True:
+class Device:
+    """What the front end needs to know of a device's memory (NOTE [ Device memory ])."""
+
+    name = "device"
+    small = SMALL  # the allocator's small-pool limit
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lives in this device's memory."""
+        raise NotImplementedError
+
+    def allocated(self) -> int:
+        """Bytes the allocator has handed out now (a query: never per op)."""
+        return self.usage()[0]
+
+    def usage(self) -> tuple[int, int]:
+        """Bytes the allocator has handed out now, and at most since its peak was last reset (one query)."""
+        raise NotImplementedError
+
+    def reserved(self) -> int:
+        raise NotImplementedError
+
+    def max_allocated(self) -> int:
+        raise NotImplementedError
+
+    def segments(self) -> list[Segment]:
+        """The allocator's layout: each segment's pool and blocks in address order (empty: unknown)."""
+        return []
+
+    @staticmethod
+    def requested(err: BaseException) -> int:
+        """The bytes a failed allocation asked for, read from PyTorch's message (0: not said)."""
+        m = _TRIED.search(str(err))
+        return int(float(m.group(1)) * _UNIT[m.group(2)]) if m else 0
+
+
+class CudaDevice(Device):
+    """One CUDA device, through PyTorch's caching allocator."""
+
+    def __init__(self, index: int | None = None) -> None:
+        self.index = torch.cuda.current_device() if index is None else index
+        self.name = f"cuda:{self.index}"
+        self._stats: Callable[[int], dict] | None = getattr(torch._C, "_cuda_memoryStats", None)
+
+    def owns(self, t: torch.Tensor) -> bool:
+        return t.is_cuda
+
+    def usage(self) -> tuple[int, int]:
+        # the nested statistics straight from C, without torch.cuda.memory_stats's flattening and sorting
+        if self._stats is not None:
+            try:
+                a = self._stats(self.index)["allocated_bytes"]["all"]
+                return int(a["current"]), int(a["peak"])
+            except (KeyError, TypeError, RuntimeError):
+                self._stats = None
+        return int(torch.cuda.memory_allocated(self.index)), int(torch.cuda.max_memory_allocated(self.index))
+
+    def reserved(self) -> int:
+        return int(torch.cuda.memory_reserved(self.index))
+
+    def max_allocated(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.index))
+
+    def segments(self) -> list[Segment]:
+        out = []
+        for seg in torch.cuda.memory_snapshot():
+            if seg.get("device", self.index) != self.index:
+                continue
+            addr, blocks = int(seg["address"]), []
+            for b in seg["blocks"]:
+                size = int(b["size"])
+                blocks.append((addr, size, b["state"] != "inactive"))
+                addr += size
+            out.append((seg.get("segment_type") == "small", blocks))
+        return out
+
+
+def window(segments: Sequence[Segment], evictable: dict[int, Storage], need: int,
+           small: int = SMALL) -> list[Storage]:
+    """What to evict so that the allocator can serve a request of ``need`` bytes, evicting the fewest bytes
+    (NOTE [ Device memory ] 4): a run of adjacent blocks, each free or evictable (its address a key of
+    ``evictable``), of at least ``need`` bytes in a segment of the request's pool (requests up to ``small``
+    bytes have a pool of their own); else a whole segment that can be emptied, which the allocator then
+    releases to reserve a new one. Empty when there is neither."""
+    best: tuple[int, list[Storage]] | None = None
+    pool = need <= small
+    for is_small, blocks in segments:
+        if is_small != pool:
+            continue
+        lo, total, cost = 0, 0, 0
+        for hi, (addr, size, used) in enumerate(blocks):
+            s = evictable.get(addr) if used else None
+            if used and s is None:  # a block nothing can free: restart after it
+                lo, total, cost = hi + 1, 0, 0
+                continue
+            total += size
+            cost += size if used else 0
+            while total >= need:
+                if best is None or cost < best[0]:
+                    best = (cost, [evictable[a] for a, _, u in blocks[lo:hi + 1] if u])
+                a, sz, u = blocks[lo]
+                total -= sz
+                cost -= sz if u else 0
+                lo += 1
+    if best is not None:
+        return best[1]
+    whole: tuple[int, int, list[Storage]] | None = None
+    for _, blocks in segments:
+        if all(not u or a in evictable for a, _, u in blocks):
+            cost = sum(n for _, n, u in blocks if u)
+            size = sum(n for _, n, _ in blocks)
+            if cost and (whole is None or (cost, -size) < whole[:2]):
+                whole = (cost, -size, [evictable[a] for a, _, u in blocks if u])
+    return [] if whole is None else whole[2]
+
+
+class OutOfMemory:
+    """Runs an op (or a recomputation) and, when the device runs out of memory, evicts and retries
+    (NOTE [ Device memory ] 4)."""
+
+    def __init__(self, rt: Runtime, device: Device) -> None:
+        self.rt = rt
+        self.device = device
+
+    def __call__(self, run: Callable[[], Any], need: int, rng: RngState | None) -> Any:
+        while True:
+            try:
+                return run()
+            except torch.OutOfMemoryError as e:
+                if not self.evict(e, need):
+                    raise
+            if rng is not None:
+                rng.restore()
+
+    def evict(self, err: BaseException, need: int) -> bool:
+        """Make room after ``err``: at least ``need``, the bytes the allocator was asked for, and 1 MiB.
+        False when nothing was left to evict (the caller re-raises)."""
+        asked = self.device.requested(err)
+        first = self._window(asked or need or _MIN_EVICT)
+        want = sum(s.nbytes for s in first) if first else max(need, asked, _MIN_EVICT)
+        return self.rt.out_of_memory(want, first) > 0
+
+    def _window(self, need: int) -> list[Storage]:
         try:
-            return run()
-        except torch.OutOfMemoryError:
-            if rt.evict_some(max(need, _MIN_EVICT)) == 0:
-                raise
-        if rng is not None:
-            rng.restore()
+            segments = self.device.segments()
+        except RuntimeError:  # the layout is a help, not a need
+            return []
+        if not segments:
+            return []
+        by_ptr = {}
+        for s in self.rt.candidates:
+            if not s.locks and s.payload is not None:
+                by_ptr[s.payload.untyped_storage().data_ptr()] = s
+        return window(segments, by_ptr, need, self.device.small)
 
 
 class CudaTimer:
-    """Measures op costs with CUDA events, read without synchronizing (NOTE [ CUDA ] 3)."""
+    """Measures op costs with CUDA events, read without synchronizing (NOTE [ CUDA timing ])."""
 
     def __init__(self) -> None:
         self.pending: deque[tuple[Op, torch.cuda.Event, torch.cuda.Event]] = deque()

@@ -18,7 +18,7 @@ from ..core import Op, Runtime, Storage
 from ..core.policies import Policy
 from .constants import Constants
 from .costs import model_cost
-from .device import CudaTimer, retry_on_oom
+from .device import GRANULE, CudaDevice, CudaTimer, Device, OutOfMemory
 from .funcinfo import FuncInfo, info
 from .mathkeys import complex_args, math_keys
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs
@@ -75,10 +75,10 @@ def _classify(xs: Any) -> int:
     return r
 
 
-def _is_cuda(refs: list[Ref], consts: list[torch.Tensor]) -> bool:
+def _on_device(dev: Device, refs: list[Ref], consts: list[torch.Tensor]) -> bool:
     if refs:
-        return refs[0].storage.payload.is_cuda
-    return bool(consts) and consts[0].is_cuda
+        return dev.owns(refs[0].storage.payload)
+    return bool(consts) and dev.owns(consts[0])
 
 
 # The live default of NOTE [ Banishing ] (rule 6 says why 2, and why replays of operator logs keep 0).
@@ -90,16 +90,19 @@ class Front:
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
                  min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
-                 banish_depth: int = DEFAULT_BANISH_DEPTH) -> None:
-        extra = None
-        if torch.cuda.is_available():
-            extra = torch.cuda.memory_allocated
+                 banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
+                 sync_every: int = 64) -> None:
+        if device is None and torch.cuda.is_available():
+            device = CudaDevice()
+        # NOTE [ Device memory ]: the budget bounds the device allocator's count; out-of-memory retries
+        self.dev = device
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
-                          extra_usage=extra, remat=remat, banish_depth=banish_depth)
-        self.cuda = extra is not None  # NOTE [ CUDA ]: OOM retry and event timing for ops on CUDA tensors
+                          device_usage=None if device is None else device.usage, sync_every=sync_every,
+                          remat=remat, banish_depth=banish_depth)
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
-        self.timer = CudaTimer() if self.cuda and not self.model else None
-        self.oom = self.rt if self.cuda else None  # recipes evict from it and retry on out-of-memory
+        self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
+        # ops and recipes on the device evict and retry on out-of-memory through it
+        self.oom = None if device is None else OutOfMemory(self.rt, device)
         self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()
         self.pending: deque[Any] = deque()
@@ -248,7 +251,7 @@ class Front:
         finally:
             if held:
                 rt.release(held)
-        if rt.budget is not None and rt.memory.tracked > rt.budget:  # a size prediction fell short
+        if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
             if fi.fresh and override is None:  # NOTE [ Size prediction ] 9
                 bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
                 self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
@@ -278,14 +281,16 @@ class Front:
                 r = fi.arg(h, targs, tkwargs)
                 if type(r) is Ref and r.storage not in cow:
                     cow.append(r.storage)
-        on_cuda = self.cuda and _is_cuda(refs, consts)
+        on_cuda = self.dev is not None and _on_device(self.dev, refs, consts)
         # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
         need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
+        if need and on_cuda:  # the allocator rounds each output up to 512 B (NOTE [ Device memory ] 2)
+            need += GRANULE * len(fi.returns)
         # NOTE [ In-place mutation ] 3: a version nothing can recompute that recipes still read keeps its buffer
         copies = [s for s in cow if s.deps > 0 and not s.recomputable] if cow else None
         if copies:
             need += sum(s.nbytes for s in copies)
-        if rt.budget is not None:
+        if rt.budget is not None or self.dev is not None:  # with a device: its count, learned now and then
             if on_cuda and self.timer is not None and self.timer.pending:  # type: ignore[union-attr]
                 self.timer.resolve(rt)  # type: ignore[union-attr]
             rt.reserve(need, fi.name)
@@ -298,7 +303,7 @@ class Front:
         t0 = time.perf_counter()
         if on_cuda:
             start = self.timer.start() if self.timer is not None else None
-            out = retry_on_oom(self.rt, lambda: fi.func(*pargs, **pkwargs), need, rng)
+            out = self.oom(lambda: fi.func(*pargs, **pkwargs), need, rng)  # type: ignore[misc]
             return out, time.perf_counter() - t0, start
         out = fi.func(*pargs, **pkwargs)
         return out, time.perf_counter() - t0, None
@@ -371,7 +376,10 @@ class Front:
             ptr = st.data_ptr()
             hit = by_ptr.get(ptr) if ptr else None
             if hit is None:
-                s = rt.output(op, st.nbytes(), o)
+                nbytes = st.nbytes()
+                if self.dev is not None and nbytes:  # counted as the allocator counts it
+                    nbytes = -(-nbytes // GRANULE) * GRANULE
+                s = rt.output(op, nbytes, o)
                 if recipe is not None:
                     recipe.outs.append(i)
                 by_ptr[ptr] = (s, o)
@@ -433,6 +441,32 @@ class Front:
                 cell = Cell(self, self.rt.output(None, nbytes, v), None)  # pinned: shares v's memory
             _DATA.__set__(t, DTRTensor(cell, v))  # t takes v's sizes and strides
             t._cell = cell  # type: ignore[attr-defined]
+
+    def plain_outputs(self, func: Any, out: Any) -> None:
+        """A plain op ran on a device under a budget: its fresh outputs there count as outside bytes until
+        the next query of the allocator (NOTE [ Device memory ] 2)."""
+        fi = info(func)
+        if not fi.fresh:
+            return
+        dev, n = self.dev, 0
+        for o in flat_outputs(out):
+            if isinstance(o, torch.Tensor) and type(o) is not DTRTensor and o.layout == _STRIDED and dev.owns(o):  # type: ignore[union-attr]
+                n += -(-o.untyped_storage().nbytes() // GRANULE) * GRANULE
+        if n:
+            with self.lock:
+                self.rt.add_outside(n)
+
+    def plain_retry(self, func: Any, args: tuple, kwargs: dict, err: BaseException) -> Any:
+        """A plain op (an optimizer step, a factory) ran out of device memory: evict and retry it
+        (NOTE [ Device memory ] 4); re-raise once nothing is left to evict."""
+        while True:
+            with self.entered():
+                if not self.oom.evict(err, 0):  # type: ignore[union-attr]
+                    raise err
+            try:
+                return func(*args, **kwargs)
+            except torch.OutOfMemoryError as e:
+                err = e
 
     def plain_write(self, fi: FuncInfo, args: tuple, kwargs: dict) -> None:
         """An unmanaged op (the mode's plain path) is about to write its arguments in place."""
@@ -512,10 +546,19 @@ class _Mode(TorchDispatchMode):
             c = max(c, _classify(kwargs.values()))
         if c == 2 or (c == 1 and torch.is_grad_enabled()):
             return self.front.run(func, args, kwargs)
-        if self.front.consts.readers:  # NOTE [ Changed constants ] 2: a write to a constant recipes read
+        front = self.front
+        if front.consts.readers:  # NOTE [ Changed constants ] 2: a write to a constant recipes read
             fi = info(func)
             if fi.mutated:
-                self.front.plain_write(fi, args, kwargs)
+                front.plain_write(fi, args, kwargs)
+        if front.oom is not None:  # NOTE [ Device memory ] 2 and 4
+            try:
+                out = func(*args, **kwargs)
+            except torch.OutOfMemoryError as e:
+                out = front.plain_retry(func, args, kwargs, e)
+            if front.rt.budget is not None:
+                front.plain_outputs(func, out)
+            return out
         return func(*args, **kwargs)
 
 

@@ -8,7 +8,6 @@ import torch
 
 from ..core import Storage
 from ..core.errors import ConstantChangedError, internal_assert
-from .device import retry_on_oom
 from .mathkeys import complex_args, math_keys
 from .rng import RngState
 from .tensor import Geom, view_of
@@ -90,7 +89,8 @@ class Recipe:
 
     ``outs[k]`` says where the payload of ``op.outputs[k]`` comes from: an int is an index into the
     flattened outputs of the call; a ``Storage`` is an old version whose clone the call wrote in place.
-    ``oom``: the runtime to evict from when the call runs out of device memory (NOTE [ CUDA ] 2), or None.
+    ``oom``: the front end's ``device.OutOfMemory``, which evicts and retries when the call runs out of device
+    memory (NOTE [ Device memory ] 4), or None.
     ``grad``: whether grad mode was on when the call first ran; a replay runs in the same mode (some kernels,
     e.g. the CPU LSTM's ``mkldnn_rnn_layer``, return a workspace only with grad mode on).
     """
@@ -133,7 +133,7 @@ class Recipe:
             if self.oom is None:
                 raise
             need = sum(int(p.untyped_storage().nbytes()) for s, p in (override or {}).items() if s not in lend)
-            out = retry_on_oom(self.oom, lambda: self._call(args, kwargs), need, None)
+            out = self.oom(lambda: self._call(args, kwargs), need, None)
         flat = flat_outputs(out)
         return [flat[o] if type(o) is int else override[o] for o in self.outs]  # type: ignore[index]
 

@@ -1,0 +1,277 @@
+"""Device memory without a GPU: budgets that bound the allocator's count, rare allocator queries, the
+out-of-memory-driven mode and fragmentation, all driven through the simulated caching allocator
+(NOTE [ Device memory ], NOTE [ Simulated allocator ]). The last tests run on a real GPU where there is one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import torch_dtr
+from torch_dtr import SimulatedDevice
+from torch_dtr.eager.device import Device, window
+
+SCALE = 1 / 8  # the allocator's segment sizes scaled to these small tensors (rule 6)
+WIDTH, DEPTH, BATCH, STEPS = 64, 32, 2048, 3
+
+
+def _build() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()) for _ in range(DEPTH)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
+
+
+def _train(budget: int | None = None, cap: int | None = None, dtr: bool = True, sync_every: int = 64,
+           expandable: bool = False) -> dict:
+    """Three AdamW steps of an MLP whose activations dominate, everything made on the simulated device."""
+    with SimulatedDevice(cap, scale=SCALE, expandable=expandable) as dev:
+        model = _build()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
+        t = torch.randint(0, 10, (BATCH,), generator=torch.Generator().manual_seed(2))
+        if dtr:
+            torch_dtr.enable(budget=budget, device=dev, sync_every=sync_every)
+        losses = []
+        try:
+            for _ in range(STEPS):
+                loss = torch.nn.functional.cross_entropy(model(x), t)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach().item())
+        finally:
+            if dtr:
+                torch_dtr.disable()
+        return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()],
+                "max_allocated": dev.max_allocated(), "max_reserved": dev.peak_reserved,
+                "stats": torch_dtr.stats() if dtr else None}
+
+
+@pytest.fixture(scope="module")
+def plain() -> dict:
+    return _train(dtr=False)
+
+
+@pytest.fixture(scope="module")
+def unbudgeted() -> dict:
+    return _train(None)
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a["losses"] == b["losses"]
+    assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"], strict=True))
+
+
+def test_no_budget_on_a_device_is_bitwise_plain_and_reports_device_bytes(plain, unbudgeted):
+    _same(unbudgeted, plain)
+    st = unbudgeted["stats"]
+    assert st.evictions == 0 and st.oom_retries == 0
+    # the peak counts the device's bytes outside torch-dtr too (parameters, optimizer state, gradients)
+    assert st.peak_bytes >= 0.9 * plain["max_allocated"], (st.peak_bytes, plain["max_allocated"])
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.3])
+def test_budget_bounds_the_allocators_count_bitwise(plain, unbudgeted, ratio):
+    """At 50% and 30% of plain's max_memory_allocated (or 1.25x the single-op floor where that is higher):
+    the simulated allocator's own peak stays within the budget, and the run is bitwise plain's."""
+    floor = unbudgeted["stats"].floor_bytes
+    budget = max(int(plain["max_allocated"] * ratio), int(1.25 * floor))
+    run = _train(budget)
+    _same(run, plain)
+    st = run["stats"]
+    assert st.evictions > 0 and st.rematerializations > 0
+    assert run["max_allocated"] <= budget, (
+        f"allocator peak {run['max_allocated']} > budget {budget} ({budget / plain['max_allocated']:.0%} of plain's "
+        f"peak, floor {floor})")
+    assert st.outside_bytes > 0, "optimizer state and gradients are outside torch-dtr: counted, not ignored"
+
+
+def test_the_allocator_is_queried_every_sync_every_ops_not_per_op(plain, unbudgeted):
+    budget = max(int(plain["max_allocated"] * 0.5), int(1.25 * unbudgeted["stats"].floor_bytes))
+    calls = []
+    orig = SimulatedDevice.usage
+
+    def counted(self):
+        calls.append(1)
+        return orig(self)
+
+    SimulatedDevice.usage = counted  # type: ignore[method-assign]
+    try:
+        run = _train(budget, sync_every=64)
+    finally:
+        SimulatedDevice.usage = orig  # type: ignore[method-assign]
+    st = run["stats"]
+    assert len(calls) == st.syncs
+    # every 64 ops, plus once after each optimizer step's plain allocations and before each eviction search
+    # that would fail: a few per step, never one per op
+    assert st.syncs <= st.ops / 64 + 4 * STEPS, (st.syncs, st.ops)
+    assert run["max_allocated"] <= budget
+
+
+def test_budget_error_names_what_is_outside_and_suggests_a_budget_above_what_it_quotes():
+    with SimulatedDevice(None, scale=SCALE) as dev:
+        model = _build()
+        x = torch.randn(BATCH, WIDTH)
+        params = sum(p.numel() * 4 for p in model.parameters())
+        torch_dtr.enable(budget=params // 2, device=dev)  # less than the parameters alone
+        with pytest.raises(torch_dtr.BudgetError) as e:
+            model(x).sum().backward()
+        torch_dtr.disable()
+    msg = str(e.value)
+    assert "outside torch-dtr's reach" in msg and "optimizer state" in msg, msg
+    budget = params // 2
+    need = int(re.search(r"at least .*? \((\d+) B\) is needed", msg).group(1))
+    floor = re.search(r"single-op floor so far is ([0-9.]+) (KiB|MiB)", msg)
+    suggested = int(re.search(r"enable\(budget=(\d+)\)", msg).group(1))
+    assert need > budget, f"the error says {need} B are needed, yet the budget is {budget} B: {msg}"
+    assert suggested >= need, msg
+    if floor:
+        assert suggested >= float(floor.group(1)) * {"KiB": 2**10, "MiB": 2**20}[floor.group(2)], msg
+    assert f"torch_dtr.budget({suggested})" in msg, "the scoped form is suggested too"
+
+
+def test_out_of_memory_driven_mode_trains_where_plain_runs_out(plain):
+    """No budget: nothing is evicted until the allocator fails; then torch-dtr evicts and retries."""
+    cap = int(plain["max_allocated"] * 0.7)
+    with pytest.raises(torch.OutOfMemoryError):
+        _train(cap=cap, dtr=False)
+    run = _train(None, cap=cap)
+    _same(run, plain)
+    st = run["stats"]
+    assert st.oom_retries > 0 and st.oom_evicted_bytes > 0 and st.evictions > 0
+    assert run["max_allocated"] <= cap
+    # fragmentation under eviction, as the simulated allocator carves blocks
+    assert run["max_reserved"] / run["max_allocated"] <= 1.1, (run["max_reserved"], run["max_allocated"])
+
+
+def test_out_of_memory_with_expandable_segments_trains_too(plain):
+    cap = int(plain["max_allocated"] * 0.6)
+    run = _train(None, cap=cap, expandable=True)
+    _same(run, plain)
+    assert run["stats"].oom_retries > 0 and run["max_allocated"] <= cap
+
+
+def test_out_of_memory_retry_of_a_random_op_draws_what_plain_draws():
+    """The simulated allocator fails after the op ran on the CPU: its draw is undone, as on CUDA where the
+    allocation fails before the kernel; the retry then draws exactly what plain PyTorch draws."""
+    def run(cap: int | None, dtr: bool) -> torch.Tensor:
+        with SimulatedDevice(cap, scale=SCALE) as dev:
+            torch.manual_seed(3)
+            w = torch.randn(256, 256, requires_grad=True)
+            if dtr:
+                torch_dtr.enable(budget=None, device=dev)
+            try:
+                hs = [torch.nn.functional.dropout(w * (i + 1), 0.5) for i in range(12)]
+                out = sum(h.sum() for h in hs)
+                out.backward()
+                return torch.stack([torch_dtr.unwrap(out).detach(), w.grad.sum()])
+            finally:
+                if dtr:
+                    torch_dtr.disable()
+
+    want = run(None, False)
+    got = run(3 << 20, True)
+    assert torch.equal(want, got)
+    assert torch_dtr.stats().oom_retries > 0
+
+
+# ---------------------------------------------------------------------------------------------- the allocator
+def test_simulated_allocator_rounds_splits_merges_and_releases():
+    dev = SimulatedDevice("64MiB")
+    _, a, n = dev.alloc(4)
+    assert n == 512 and dev.reserved() == 2 << 20, "a small request: 512 B from a 2 MiB small-pool segment"
+    _, b, n = dev.alloc(3 << 20)
+    assert n == 3 << 20 and dev.reserved() == (2 << 20) + (20 << 20), "1-10 MiB: a 20 MiB segment, split"
+    seg_b, c, n = dev.alloc(16 << 20)
+    assert c == b + (3 << 20), "best fit: the rest of the 20 MiB segment"
+    seg_d, d, n = dev.alloc(int(16.5 * 2**20))
+    assert n == int(16.5 * 2**20) and dev.reserved() == (2 << 20) + (20 << 20) + (18 << 20), "> 10 MiB: rounded to 2 MiB"
+    dev.free(seg_b, c)
+    assert dev.segments()[1][1][-1] == (c, 17 << 20, False), "the freed block merged with the free tail"
+    dev.free(seg_d, d)
+    dev.empty_cache()
+    assert dev.reserved() == (2 << 20) + (20 << 20), "the whole free segment was released"
+    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 50.00 MiB") as e:
+        dev.alloc(50 << 20)
+    assert Device.requested(e.value) == 50 << 20 and dev.ooms == 1
+
+
+def test_simulated_allocator_follows_storages_not_tensors():
+    with SimulatedDevice() as dev:
+        x = torch.randn(1024, 256)  # 1 MiB: the small pool
+        v = x[::2].t()  # a view: no new block
+        assert dev.allocated() == 1 << 20
+        y = x.exp().tanh_()  # one new block; the in-place op makes none
+        assert dev.allocated() == 2 << 20
+        del x
+        assert dev.allocated() == 2 << 20, "the view keeps the storage alive"
+        del v, y
+        assert dev.allocated() == 0 and dev.max_allocated() == 2 << 20
+
+
+def test_window_evicts_adjacent_blocks_where_scattered_evictions_would_not_coalesce():
+    class S:
+        def __init__(self, name, nbytes):
+            self.name, self.nbytes = name, nbytes
+
+        def __repr__(self):
+            return self.name
+
+    MiB = 1 << 20
+    a, b, c, d = S("a", 4 * MiB), S("b", 3 * MiB), S("c", 2 * MiB), S("d", 6 * MiB)
+    # segment 1: [a 4][pinned 2][free 1][b 3] ; segment 2: [c 2][free 2][pinned 1][d 6][free 1]
+    seg1 = (False, [(0, 4 * MiB, True), (4 * MiB, 2 * MiB, True), (6 * MiB, MiB, False), (7 * MiB, 3 * MiB, True)])
+    seg2 = (False, [(100 * MiB, 2 * MiB, True), (102 * MiB, 2 * MiB, False), (104 * MiB, MiB, True),
+                    (105 * MiB, 6 * MiB, True), (111 * MiB, MiB, False)])
+    ev = {0: a, 7 * MiB: b, 100 * MiB: c, 105 * MiB: d}
+    assert window([seg1, seg2], ev, 4 * MiB) == [c], "c 2 + free 2: 2 MiB evicted (a alone: 4; free 1 + b 3: 3)"
+    assert window([seg1], ev, 4 * MiB) == [b], "free 1 + b 3 evicts 3 MiB, a alone 4"
+    assert window([seg1, seg2], ev, 7 * MiB) == [d], "d 6 + free 1"
+    assert window([seg1, seg2], ev, 20 * MiB) == [], "no run that long, and no segment that can be emptied"
+    seg3 = (True, [(200 * MiB, MiB // 2, True), (200 * MiB + MiB // 2, MiB // 2, False)])
+    e = S("e", MiB // 2)
+    assert window([seg1, seg3], {**ev, 200 * MiB: e}, 64 * MiB) == [e], \
+        "a small-pool segment that can be emptied: the allocator releases it and reserves a new one"
+    assert window([seg1, seg3], {**ev, 200 * MiB: e}, MiB // 4) == [], "a small request with a free small block"
+
+
+# ---------------------------------------------------------------------------------------------- a real GPU
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_budget_bounds_max_memory_allocated_bitwise():
+    torch.use_deterministic_algorithms(True)
+    try:
+        def run(budget):
+            torch.manual_seed(0)
+            model = _build().cuda()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            x = torch.randn(BATCH, WIDTH, device="cuda")
+            t = torch.randint(0, 10, (BATCH,), device="cuda")
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            if budget != "plain":
+                torch_dtr.enable(budget=budget)
+            try:
+                losses = []
+                for _ in range(STEPS):
+                    loss = torch.nn.functional.cross_entropy(model(x), t)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    losses.append(loss.detach().item())
+            finally:
+                torch_dtr.disable()
+            return losses, torch.cuda.max_memory_allocated(), [p.detach().cpu() for p in model.parameters()]
+
+        l0, peak0, p0 = run("plain")
+        budget = int(peak0 * 0.6)
+        l1, peak1, p1 = run(budget)
+        assert l1 == l0 and all(torch.equal(a, b) for a, b in zip(p0, p1, strict=True))
+        assert peak1 <= budget, (peak1, budget)
+        assert torch_dtr.stats().evictions > 0
+    finally:
+        torch.use_deterministic_algorithms(False)
