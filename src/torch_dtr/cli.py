@@ -25,10 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--ratios", type=_ratios, default=(0.5, 0.3),
                    help="budgets as fractions of the unconstrained peak (default 0.5,0.3)")
     d.add_argument("--steps", type=int, default=4, help="measured steps per contender (default 4)")
+    d.add_argument("--device", choices=("cpu", "cuda", "sim"), default="cpu",
+                   help="cpu (default), cuda (budgets bound torch.cuda.max_memory_allocated), or sim (the CPU with "
+                        "a simulated caching allocator)")
     b = sub.add_parser("bench", help="benchmark against plain PyTorch, checkpointing and torch.compile; writes "
                                      "benchmarks.md and plots")
-    b.add_argument("--model", action="append", choices=("gpt2", "resnet50", "lstm"),
-                   help="workload (repeatable; default: all)")
+    b.add_argument("--model", action="append", choices=("gpt2", "resnet50", "lstm", "gpt2-small"),
+                   help="workload (repeatable; default: gpt2, resnet50, lstm, and gpt2-small on cuda)")
+    b.add_argument("--device", choices=("cpu", "cuda", "sim"), default="cpu",
+                   help="cpu (default: docs/benchmarks.md), cuda (docs/benchmarks-cuda.md), or sim (the cuda plan "
+                        "on the CPU through a simulated caching allocator: docs/benchmarks-sim.md)")
+    b.add_argument("--cap", default=None, help="cuda/sim: the memory cap for the largest-batch runs, e.g. 16GiB "
+                                               "(default: plain PyTorch's max_memory_reserved at the base batch)")
     b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
     b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
     b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 3, quick 1)")
@@ -73,12 +81,30 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
         print(json.dumps(record_script(args.script, args.args, args.out, args.iteration, args.costs), indent=1))
         return 0
     if args.cmd == "bench":
+        command = "torch-dtr " + " ".join(argv if argv is not None else sys.argv[1:])
+        if args.device != "cpu":
+            from .bench.gpu import main as bench_gpu
+            from .deps import need_all
+            from .eager.api import parse_budget
+
+            need_all(("transformers", "tqdm"), "bench", "torch-dtr bench")
+            default = ("gpt2", "resnet50", "lstm") + (("gpt2-small",) if args.device == "cuda" else ())
+            try:
+                cap = parse_budget(args.cap)
+            except ValueError as e:
+                p.error(f"--cap: {e}")
+            return bench_gpu(tuple(args.model or default), args.device, args.quick, args.out, cap, command)
+        if args.model and "gpt2-small" in args.model:
+            p.error("--model gpt2-small is a GPU workload: use it with --device cuda (or sim)")
         from .bench.run import main as bench
 
         models = tuple(args.model or ("gpt2", "resnet50", "lstm"))
-        command = "torch-dtr " + " ".join(argv if argv is not None else sys.argv[1:])
         return bench(models, args.quick, args.out, args.rounds, command)
     if args.cmd == "demo":
+        if args.device != "cpu":
+            from .demo import main_device
+
+            return main_device(args.device, args.ratios, args.steps)
         from .demo import main as demo
 
         return demo(args.ratios, args.steps)

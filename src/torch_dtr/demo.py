@@ -58,3 +58,54 @@ def main(ratios: tuple[float, ...] = (0.5, 0.3), steps: int = 4) -> int:
           "glibc's mmap threshold at 64 KiB (freed tensors go back to the OS); step times: median of the "
           "measured steps, default allocator; evictions and recomputations: totals over all steps.")
     return 0 if all(r["losses"] == plain["losses"] for r in runs) else 1
+
+
+def main_device(device: str, ratios: tuple[float, ...] = (0.5, 0.3), steps: int = 4) -> int:
+    """The demo on a GPU (``device="cuda"``) or on the CPU through the simulated caching allocator (``"sim"``):
+    budgets are fractions of plain PyTorch's ``max_memory_allocated``, and that is what is compared."""
+    import torch
+
+    from .bench import gpu
+
+    need("transformers", "bench", "torch-dtr demo")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("torch-dtr demo --device cuda: no CUDA device here; --device sim runs it on the CPU through the "
+              "simulated allocator")
+        return 2
+    size = workloads.SIZES["gpt2"]["demo"]
+    print(f"torch-dtr demo on {device}: {workloads.describe('gpt2', size)}, AdamW, {steps} measured steps after "
+          f"1 warm-up, each contender in its own process", flush=True)
+    base = {"device": device, "workload": "gpt2", "size": dataclasses.asdict(size), "warmup": 1, "steps": steps}
+    runs = [gpu.spawn(base | {"kind": "plain", "label": "plain PyTorch"}, 3600)]
+    if "error" in runs[0]:
+        raise RuntimeError(f"torch_dtr demo: plain PyTorch failed: {runs[0]['error']}")
+    peak = runs[0]["max_allocated"]
+    runs.append(gpu.spawn(base | {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"}, 3600))
+    floor = runs[1].get("floor", 0)
+    for r in ratios:  # below 1.25x the single-op floor no schedule has room to recompute: 1.25x it then
+        b = max(int(peak * r), int(1.25 * floor))
+        label = f"torch-dtr, {b / peak:.0%}" + ("" if b == int(peak * r) else " (floor)")
+        runs.append(gpu.spawn(base | {"kind": "dtr", "budget": b, "label": label}, 3600))
+    plain = runs[0]
+    head = (f"{'contender':22s} {'budget':>11s} {'max allocated':>14s} {'max reserved':>13s} {'step':>9s} "
+            f"{'vs plain':>8s} {'evictions':>9s} {'remats':>7s} {'bitwise':>7s}")
+    print()
+    print(head)
+    print("-" * len(head))
+    ok = True
+    for r in runs:
+        if "error" in r:
+            ok = False
+            print(f"{r['label']:22s} failed: {r['error']}")
+            continue
+        same = r["losses"] == plain["losses"] and r["digest"] == plain["digest"]
+        ok &= same and (r.get("budget") is None or r["max_allocated"] <= r["budget"])
+        print(f"{r['label']:22s} {fmt_bytes(r['budget']) if r.get('budget') else '-':>11s} "
+              f"{fmt_bytes(r['max_allocated']):>14s} {fmt_bytes(r['max_reserved']):>13s} "
+              f"{r['step_s'] * 1e3:7.1f}ms {r['step_s'] / plain['step_s']:7.2f}x {r.get('evictions', 0):9d} "
+              f"{r.get('remats', 0):7d} {'yes' if same else 'NO':>7s}")
+    print()
+    print("max allocated / reserved: the allocator's peaks (torch.cuda.max_memory_allocated / _reserved, or the "
+          "simulated allocator's); a budget bounds max allocated; bitwise: losses and final parameters equal to plain "
+          "PyTorch's (deterministic algorithms).")
+    return 0 if ok else 1

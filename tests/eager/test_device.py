@@ -24,7 +24,7 @@ def _build() -> torch.nn.Module:
 
 
 def _train(budget: int | None = None, cap: int | None = None, dtr: bool = True, sync_every: int = 64,
-           expandable: bool = False) -> dict:
+           expandable: bool = False, expandable_segments: bool | None = None) -> dict:
     """Three AdamW steps of an MLP whose activations dominate, everything made on the simulated device."""
     with SimulatedDevice(cap, scale=SCALE, expandable=expandable) as dev:
         model = _build()
@@ -32,7 +32,7 @@ def _train(budget: int | None = None, cap: int | None = None, dtr: bool = True, 
         x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
         t = torch.randint(0, 10, (BATCH,), generator=torch.Generator().manual_seed(2))
         if dtr:
-            torch_dtr.enable(budget=budget, device=dev, sync_every=sync_every)
+            torch_dtr.enable(budget=budget, device=dev, sync_every=sync_every, expandable_segments=expandable_segments)
         losses = []
         try:
             for _ in range(STEPS):
@@ -187,7 +187,7 @@ def test_simulated_allocator_rounds_splits_merges_and_releases():
     seg_b, c, n = dev.alloc(16 << 20)
     assert c == b + (3 << 20), "best fit: the rest of the 20 MiB segment"
     seg_d, d, n = dev.alloc(int(16.5 * 2**20))
-    assert n == int(16.5 * 2**20) and dev.reserved() == (2 << 20) + (20 << 20) + (18 << 20), "> 10 MiB: rounded to 2 MiB"
+    assert n == int(16.5 * 2**20) and dev.reserved() == (2 << 20) + (20 << 20) + (18 << 20), "> 10 MiB: 2 MiB pages"
     dev.free(seg_b, c)
     assert dev.segments()[1][1][-1] == (c, 17 << 20, False), "the freed block merged with the free tail"
     dev.free(seg_d, d)
@@ -275,3 +275,20 @@ def test_cuda_budget_bounds_max_memory_allocated_bitwise():
         assert torch_dtr.stats().evictions > 0
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_expandable_segments_are_switched_for_the_session_and_back():
+    with SimulatedDevice(None) as dev:
+        torch_dtr.enable(budget=None, device=dev)  # automatic: only CUDA's allocator is switched
+        assert not dev.expandable
+        torch_dtr.disable()
+        torch_dtr.enable(budget=None, device=dev, expandable_segments=True)
+        assert dev.expandable
+        torch_dtr.disable()
+        assert not dev.expandable, "disable() restores the allocator's setting"
+    with pytest.raises(ValueError, match="expandable_segments must be None"):
+        torch_dtr.enable(expandable_segments="yes")
+    with pytest.raises(TypeError, match="device must be a torch_dtr device"):
+        torch_dtr.enable(device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="sync_every must be an int >= 1"):
+        torch_dtr.enable(sync_every=0)

@@ -34,10 +34,14 @@ SIZES: dict[str, dict[str, Size]] = {
     "gpt2": {"full": Size(4, 6, 512, 256), "quick": Size(2, 2, 128, 64), "demo": Size(8, 4, 256, 256)},
     "resnet50": {"full": Size(8, 50, 0, 128), "quick": Size(4, 8, 0, 64)},
     "lstm": {"full": Size(32, 1, 768, 96), "quick": Size(8, 1, 128, 24)},
+    # GPT-2 small as released (vocabulary 50257), for GPUs (bench --device cuda)
+    "gpt2-small": {"full": Size(4, 12, 768, 1024), "quick": Size(2, 2, 128, 64)},
 }
 DESCRIPTIONS = {
     "gpt2": "GPT-2 (transformers GPT2LMHeadModel), {layers} layers, width {width}, sequence {seq}, batch {batch}, "
             "vocabulary 16 x width",
+    "gpt2-small": "GPT-2 small (transformers GPT2LMHeadModel), {layers} layers, width {width}, sequence {seq}, "
+                  "batch {batch}, vocabulary 50257",
     "resnet50": "ResNet (transformers ResNetForImageClassification), depths {depths}, {seq}x{seq} images, "
                 "batch {batch}",
     "lstm": "LSTM-cell loop, width {width}, batch {batch}, sequence length drawn from the data each step "
@@ -72,8 +76,8 @@ def build(name: str, size: Size, steps: int, seed: int = 0) -> tuple[nn.Module, 
     """The model (seeded), ``steps`` batches, and the training step function."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
-    if name == "gpt2":
-        vocab = 16 * size.width
+    if name in ("gpt2", "gpt2-small"):
+        vocab = 50257 if name == "gpt2-small" else 16 * size.width
         model = gpt2(size.layers, size.width, max(1, size.width // 64), size.seq, vocab)
         batches = [torch.randint(0, vocab, (size.batch, size.seq), generator=g) for _ in range(steps)]
 
@@ -139,12 +143,12 @@ class _LSTMLoop(nn.Module):
         return self.out(h)
 
 
-CHECKPOINTABLE = ("gpt2", "resnet50")  # workloads with repeated blocks for torch.utils.checkpoint
+CHECKPOINTABLE = ("gpt2", "gpt2-small", "resnet50")  # workloads with repeated blocks for torch.utils.checkpoint
 
 
 def blocks(name: str, model: nn.Module) -> list[nn.ModuleList]:
     """The lists of repeated blocks that checkpointing wraps (per workload)."""
-    if name == "gpt2":
+    if name in ("gpt2", "gpt2-small"):
         return [model.transformer.h]
     if name == "resnet50":
         return [stage.layers for stage in model.resnet.encoder.stages]

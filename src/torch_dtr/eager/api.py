@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import numbers
+import os
 import re
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -13,7 +15,7 @@ import torch
 from ..core import Listener, Stats
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
-from .device import Device
+from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
 from .tensor import DTRTensor
 
@@ -48,7 +50,7 @@ def parse_budget(budget: int | str | None) -> int | None:
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
            remat: str = "plan", banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
-           sync_every: int = 64) -> None:
+           sync_every: int = 64, expandable_segments: bool | None = None) -> None:
     """Manage every op from here on: keep memory within ``budget`` by evicting and recomputing.
 
     What the budget bounds: on CUDA, the bytes PyTorch's allocator has handed out on the device
@@ -58,6 +60,9 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     allocator to follow (default: the current CUDA device when CUDA is available; a
     ``torch_dtr.SimulatedDevice`` runs the same logic over the CPU). ``sync_every``: managed ops between two
     queries of the allocator's count under a budget (a query costs 30-360 us on a GPU).
+    ``expandable_segments``: switch PyTorch's expandable segments on for the session, against fragmentation
+    (None, the default: on CUDA unless ``PYTORCH_CUDA_ALLOC_CONF`` names the setting; True: on any device
+    that has it; False: leave the allocator alone).
 
     ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
     the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
@@ -90,12 +95,36 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if isinstance(sync_every, bool) or not isinstance(sync_every, numbers.Integral) or sync_every < 1:
         raise ValueError(f"torch_dtr: sync_every must be an int >= 1 (managed ops between allocator queries), got "
                          f"{sync_every!r}")
+    if expandable_segments not in (None, True, False):
+        raise ValueError(f"torch_dtr: expandable_segments must be None (automatic), True or False, got "
+                         f"{expandable_segments!r}")
     f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
               int(sync_every))
+    f.expandable_was = _expandable(f.dev, expandable_segments)
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f
     _freeze_gc()
+
+
+def _expandable(dev: Device | None, want: bool | None) -> bool | None:
+    """NOTE [ Device memory ] 6: switch expandable segments on; the setting to restore at disable()."""
+    if dev is None or want is False:
+        return None
+    if want is None:
+        if not isinstance(dev, CudaDevice):
+            return None
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+        if "expandable_segments" in conf:  # the user chose
+            return None
+    try:
+        was = dev.set_expandable(True)
+    except (RuntimeError, AttributeError) as e:  # an allocator without the setting: fragmentation stays
+        warnings.warn(f"torch_dtr: could not switch expandable segments on ({e}); set "
+                      f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the program starts instead",
+                      stacklevel=3)
+        return None
+    return None if was else False
 
 
 def _freeze_gc() -> None:
@@ -122,6 +151,8 @@ def disable() -> None:
         f.mode.__exit__(None, None, None)
     finally:
         f.close()
+        if f.expandable_was is not None and f.dev is not None:
+            f.dev.set_expandable(f.expandable_was)
         if _FROZE:
             gc.unfreeze()
             _FROZE = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,7 +42,13 @@ from .rng import RngState
 #    ``stats()`` counts ``oom_retries`` and ``oom_evicted_bytes``.
 # 5. The out-of-memory-driven mode: no budget on CUDA. Nothing is evicted until the allocator fails; then
 #    rule 4. Full speed until memory runs out, and the largest batches (docs/design.md, Device memory).
-# 6. Tested without a GPU: ``simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
+# 6. Fragmentation: a caching allocator's segments fill with blocks of every size, so evictions that free
+#    scattered blocks leave reserved memory that a large request cannot use (an out-of-memory with 5 GiB
+#    allocated and 7.9 GiB reserved, measured on an H100). ``enable()`` switches PyTorch's expandable
+#    segments on for the session (``expandable_segments=None``, the default on CUDA, unless
+#    ``PYTORCH_CUDA_ALLOC_CONF`` names the setting: the user decided) and back off at ``disable()``; blocks
+#    allocated before keep their segments. ``expandable_segments=False`` leaves the allocator as it is.
+# 7. Tested without a GPU: ``simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
 #    (512 B rounding, 2 MiB and 20 MiB segments, best fit, splitting, a capacity that raises PyTorch's
 #    ``OutOfMemoryError``) over CPU tensors, behind the same ``Device`` interface.
 #
@@ -91,6 +98,11 @@ class Device:
         """The allocator's layout: each segment's pool and blocks in address order (empty: unknown)."""
         return []
 
+    def set_expandable(self, on: bool) -> bool | None:
+        """Switch expandable segments on or off for allocations from now on (rule 6); returns the setting it
+        had, or None where the device has no such setting."""
+        return None
+
     @staticmethod
     def requested(err: BaseException) -> int:
         """The bytes a failed allocation asked for, read from PyTorch's message (0: not said)."""
@@ -121,6 +133,12 @@ class CudaDevice(Device):
 
     def reserved(self) -> int:
         return int(torch.cuda.memory_reserved(self.index))
+
+    def set_expandable(self, on: bool) -> bool | None:
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+        was = "expandable_segments:true" in conf.replace(" ", "").lower()
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{on}")
+        return was
 
     def max_allocated(self) -> int:
         return int(torch.cuda.max_memory_allocated(self.index))

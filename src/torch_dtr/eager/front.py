@@ -110,6 +110,7 @@ class Front:
         self.sizes = Sizes()
         self.mode = _Mode(self)
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
+        self.expandable_was: bool | None = None  # the device's setting before enable() switched it (api)
 
     # ------------------------------------------------------------------ queued handle drops
     def drain_if_idle(self) -> None:
@@ -377,7 +378,7 @@ class Front:
             hit = by_ptr.get(ptr) if ptr else None
             if hit is None:
                 nbytes = st.nbytes()
-                if self.dev is not None and nbytes:  # counted as the allocator counts it
+                if self.dev is not None and nbytes and self.dev.owns(o):  # counted as the allocator counts it
                     nbytes = -(-nbytes // GRANULE) * GRANULE
                 s = rt.output(op, nbytes, o)
                 if recipe is not None:

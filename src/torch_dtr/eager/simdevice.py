@@ -43,8 +43,11 @@ from .rng import RngState
 #    that is entirely free is released first (as the allocator's ``release_cached_blocks``); if it still
 #    does not fit, ``OutOfMemoryError``.
 # 4. A freed block merges with free neighbours in its segment.
-# 5. ``expandable=True`` models expandable segments: no fragmentation, a request fits when allocated plus
-#    the request, rounded up to 2 MiB pages, is within the capacity.
+# 5. ``expandable=True`` models expandable segments: requests made while it is set come from one segment
+#    that grows and shrinks by 2 MiB pages, without fragmentation: it reserves its allocated bytes rounded
+#    up to pages (kept until ``empty_cache``, as mapped pages are), and a request fits when the other
+#    segments plus the pages it needs are within the capacity. It may be switched on at run time (as
+#    ``torch.cuda.memory._set_allocator_settings``): blocks made before keep their segments.
 # 6. ``scale`` multiplies every size above but the 512 B rounding (1 MiB, 2 MiB, 10 MiB, 20 MiB), so that
 #    tests on small tensors meet the fragmentation that real programs meet on large ones.
 # What it cannot see: storages made with dispatch modes disabled, and memory an op uses internally.
@@ -85,6 +88,7 @@ class SimulatedDevice(TorchDispatchMode, Device):
         self.live: dict[int, tuple[_Segment | None, int]] = {}  # storage address -> (segment, block address)
         self._sizes: dict[int, int] = {}  # expandable: block address -> bytes
         self.allocated_bytes = self.peak = self.reserved_bytes = self.peak_reserved = 0
+        self._exp_allocated = self._exp_reserved = 0  # rule 5: the expandable segment's bytes
         self.ooms = 0
         self._next = 1 << 40  # simulated addresses: segments never overlap
 
@@ -100,6 +104,10 @@ class SimulatedDevice(TorchDispatchMode, Device):
 
     def max_allocated(self) -> int:
         return self.peak
+
+    def set_expandable(self, on: bool) -> bool | None:
+        was, self.expandable = self.expandable, on
+        return was
 
     def reset_peak(self) -> None:
         self.peak, self.peak_reserved = self.allocated_bytes, self.reserved_bytes
@@ -117,11 +125,16 @@ class SimulatedDevice(TorchDispatchMode, Device):
         """A block for ``nbytes``: (segment, address, bytes counted as allocated)."""
         size = max(GRANULE, -(-nbytes // GRANULE) * GRANULE)
         if self.expandable:
-            grown = -(-(self.allocated_bytes + size) // self._page) * self._page
-            if self.capacity is not None and grown > self.capacity:
-                self._oom(size)
-            self.reserved_bytes = max(self.reserved_bytes, grown)
-            self.peak_reserved = max(self.peak_reserved, self.reserved_bytes)
+            pages = -(-(self._exp_allocated + size) // self._page) * self._page
+            if pages > self._exp_reserved:
+                if self.capacity is not None and self.reserved_bytes - self._exp_reserved + pages > self.capacity:
+                    self.empty_cache()
+                    if self.reserved_bytes - self._exp_reserved + pages > self.capacity:
+                        self._oom(size)
+                self.reserved_bytes += pages - self._exp_reserved
+                self._exp_reserved = pages
+                self.peak_reserved = max(self.peak_reserved, self.reserved_bytes)
+            self._exp_allocated += size
             addr, self._next = self._next, self._next + size
             return self._count(None, addr, size)
         small = size <= self.small
@@ -170,6 +183,7 @@ class SimulatedDevice(TorchDispatchMode, Device):
         if seg is None:  # expandable
             size = self._sizes.pop(addr)
             self.allocated_bytes -= size
+            self._exp_allocated -= size
             return
         k = bisect.bisect_left([b[0] for b in seg.blocks], addr)
         block = seg.blocks[k]
@@ -185,6 +199,9 @@ class SimulatedDevice(TorchDispatchMode, Device):
         keep = [s for s in self.segs if len(s.blocks) > 1 or s.blocks[0][2]]
         self.reserved_bytes -= sum(s.size for s in self.segs if s not in keep)
         self.segs = keep
+        pages = -(-self._exp_allocated // self._page) * self._page  # unmap the expandable segment's free pages
+        self.reserved_bytes -= self._exp_reserved - pages
+        self._exp_reserved = pages
 
     def _oom(self, size: int) -> None:
         self.ooms += 1
