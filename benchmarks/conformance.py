@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import os
 import platform
 import sys
 import time
@@ -54,18 +55,31 @@ def main() -> int:
     ap.add_argument("--out", default="docs")
     ap.add_argument("--limit", type=int, default=None, help="samples per op (default: all)")
     ap.add_argument("--dtype", action="append", choices=sorted(DTYPES), help="repeatable (default: all three)")
+    ap.add_argument("--device", choices=("cpu", "cuda", "sim"), default="cpu",
+                    help="cpu (default: docs/conformance.md), cuda (samples on the GPU, deterministic algorithms: "
+                         "docs/conformance-cuda.md) or sim (CPU samples, torch-dtr on a simulated allocator: "
+                         "docs/conformance-sim.md)")
     a = ap.parse_args()
+    if a.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     dtypes = a.dtype or list(DTYPES)
     t0 = time.perf_counter()
     results = []
     for d in dtypes:
-        ops = conformance.ops_for(DTYPES[d])
+        ops = conformance.ops_for(DTYPES[d], "cuda" if a.device == "cuda" else "cpu")
         for op in tqdm(ops, desc=d, file=sys.stderr):
-            results += list(conformance.run(DTYPES[d], a.limit, {conformance.name(op)}))
+            results += list(conformance.run(DTYPES[d], a.limit, {conformance.name(op)}, a.device))
     wall = time.perf_counter() - t0
+    where = platform.machine()
+    if a.device == "cuda":
+        where = f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}, deterministic algorithms)"
+    elif a.device == "sim":
+        where += " with torch-dtr on a simulated caching allocator (the device path)"
     lines = ["# Conformance on PyTorch's operator database", "",
-             f"Run {datetime.date.today().isoformat()} on {platform.machine()}, torch {torch.__version__}, "
+             f"Run {datetime.date.today().isoformat()} on {where}, torch {torch.__version__}, "
              f"`python benchmarks/conformance.py{''.join(' --dtype ' + d for d in a.dtype or [])}"
+             f"{' --device ' + a.device if a.device != 'cpu' else ''}"
              f"{' --limit ' + str(a.limit) if a.limit else ''}` "
              f"({wall / 60:.0f} min).",
              "Each sample of `op_db` runs plain and under torch-dtr (no budget) with nothing evicted and with "
@@ -91,8 +105,9 @@ def main() -> int:
         lines += ["", "Why:", ""] + [f"- `{op}`: {WHY[op]}" for op in known]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "conformance.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'conformance.md'}: {len(results)} runs, {len(bad)} differ or raise ({wall:.0f} s)")
+    name = "conformance.md" if a.device == "cpu" else f"conformance-{a.device}.md"
+    (out / name).write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / name}: {len(results)} runs, {len(bad)} differ or raise ({wall:.0f} s)")
     return 0
 
 

@@ -54,14 +54,14 @@ def name(op: Any) -> str:
     return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
 
-def ops_for(dtype: torch.dtype) -> list[Any]:
-    return [op for op in op_db() if dtype in op.supported_dtypes("cpu")]
+def ops_for(dtype: torch.dtype, device: str = "cpu") -> list[Any]:
+    return [op for op in op_db() if dtype in op.supported_dtypes(device)]
 
 
-def samples(op: Any, dtype: torch.dtype, limit: int | None) -> Iterator[tuple[int, Any]]:
+def samples(op: Any, dtype: torch.dtype, limit: int | None, device: str = "cpu") -> Iterator[tuple[int, Any]]:
     grad = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
     torch.manual_seed(0)
-    for i, s in enumerate(op.sample_inputs("cpu", dtype, requires_grad=grad)):
+    for i, s in enumerate(op.sample_inputs(device, dtype, requires_grad=grad)):
         if limit is not None and i >= limit:
             return
         yield i, s
@@ -128,13 +128,15 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None, values: bool = True, c
     return "values differ"
 
 
-def check(op: Any, sample: Any, mode: str) -> tuple[str, str]:
-    """(status, detail) of one sample in one mode."""
+def check(op: Any, sample: Any, mode: str, device: Any = None) -> tuple[str, str]:
+    """(status, detail) of one sample in one mode. ``device``: the torch-dtr device of the session (a
+    ``SimulatedDevice`` runs CPU samples through the device path: sizes predicted without a budget, the
+    allocator's rounding and queries, out-of-memory retries); None: the default (CUDA's where present)."""
     try:
         want_out, want_grad = _run(op, sample)
     except Exception as e:  # noqa: BLE001 - the op's own failure on this sample, not ours
         return "plain_raises", f"{type(e).__name__}: {str(e)[:120]}"
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=None, device=device)
     try:
         if mode == "all_evicted":
             torch_dtr.listen(_evict_all)
@@ -159,12 +161,17 @@ def check(op: Any, sample: Any, mode: str) -> tuple[str, str]:
     return "equal", ""
 
 
-def run(dtype: torch.dtype, limit: int | None, only: set[str] | None = None) -> Iterator[Outcome]:
-    for op in ops_for(dtype):
+def run(dtype: torch.dtype, limit: int | None, only: set[str] | None = None, device: str = "cpu"
+        ) -> Iterator[Outcome]:
+    """Every sample (up to ``limit`` per op) in both modes; ``device``: "cpu", "cuda" (samples made on the GPU),
+    or "sim" (CPU samples, torch-dtr on a ``SimulatedDevice``)."""
+    dev = torch_dtr.SimulatedDevice() if device == "sim" else None
+    where = "cuda" if device == "cuda" else "cpu"
+    for op in ops_for(dtype, where):
         n = name(op)
         if only is not None and n not in only:
             continue
-        for i, s in samples(op, dtype, limit):
+        for i, s in samples(op, dtype, limit, where):
             for mode in MODES:
-                status, detail = check(op, s, mode)
+                status, detail = check(op, s, mode, dev)
                 yield Outcome(n, str(dtype).removeprefix("torch."), i, mode, status, detail)

@@ -284,7 +284,8 @@ class Front:
                     cow.append(r.storage)
         on_cuda = self.dev is not None and _on_device(self.dev, refs, consts)
         # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
-        need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and (rt.budget is not None or on_cuda) else 0
+        need = (self.sizes.predict(fi, pargs, pkwargs, rt.budget is not None)
+                if fi.fresh and (rt.budget is not None or on_cuda) else 0)
         if need and on_cuda:  # the allocator rounds each output up to 512 B (NOTE [ Device memory ] 2)
             need += GRANULE * len(fi.returns)
         # NOTE [ In-place mutation ] 3: a version nothing can recompute that recipes still read keeps its buffer

@@ -60,11 +60,21 @@ _UNSIZED = -1  # cached for a call signature that nothing could size (rule 4)
 
 def _key(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype, x.device)
+        try:
+            return (x.shape, x.stride(), x.dtype, x.device)
+        except RuntimeError:  # sparse layouts have no strides (ops on them are sized on a device too)
+            return (x.shape, x.layout, x.dtype, x.device, _nnz(x))
     t = type(x)
     if t is list or t is tuple:
         return tuple([y if type(y) is int else _key(y) for y in x])
     return x
+
+
+def _nnz(x: torch.Tensor) -> int | None:
+    try:
+        return x._nnz()
+    except RuntimeError:
+        return None
 
 
 def _call_key(fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
@@ -188,9 +198,10 @@ class Sizes:
     def __init__(self) -> None:
         self.cache = _CACHE
         self.unsized: dict[str, int] = {}  # ops that nothing could size (rule 4): name -> calls
+        self.warned: set[str] = set()  # of those, the ones warned about (once each, under a budget)
         self.short: dict[str, int] = {}  # ops whose outputs outgrew the prediction (rule 9): name -> calls
 
-    def predict(self, fi: FuncInfo, args: tuple, kwargs: dict) -> int:
+    def predict(self, fi: FuncInfo, args: tuple, kwargs: dict, warn: bool = True) -> int:
         """Bytes of the fresh outputs of ``fi.func(*args, **kwargs)``; ``args`` hold the real (resident) inputs."""
         func = fi.func
         rule = _RULE_OF.get(func, _NONE)
@@ -209,7 +220,7 @@ class Sizes:
             key, hit = None, None
         if hit is not None:
             if hit == _UNSIZED:
-                self._unsized(fi.name)
+                self._unsized(fi.name, warn)
                 return 0
             return hit
         nbytes = self._meta(fi, args, kwargs, False)
@@ -217,7 +228,7 @@ class Sizes:
             nbytes = self._meta(fi, args, kwargs, True)
         if nbytes is None:  # per call signature: index.Tensor with a boolean mask, not with integer indices
             nbytes = _UNSIZED
-            self._unsized(fi.name)
+            self._unsized(fi.name, warn)
         if key is not None:
             if len(self.cache) >= _CACHE_MAX:  # bounded: a changing scalar makes a new key each time
                 self.cache.clear()
@@ -252,10 +263,11 @@ class Sizes:
                           f"size is reserved for the same argument shapes. Please report the op.", RuntimeWarning,
                           stacklevel=2)
 
-    def _unsized(self, name: str) -> None:
-        n = self.unsized.get(name, 0)
-        self.unsized[name] = n + 1
-        if n == 0:
+    def _unsized(self, name: str, warn: bool = True) -> None:
+        """``warn=False``: sized only for an out-of-memory retry (no budget), where nothing can be exceeded."""
+        self.unsized[name] = self.unsized.get(name, 0) + 1
+        if warn and name not in self.warned:
+            self.warned.add(name)
             warnings.warn(f"torch_dtr: cannot predict the output size of {name} before it runs (no shape rule "
                           f"works for it); the budget may be exceeded by its output until the runtime evicts "
                           f"right after it. Please report the op.", RuntimeWarning, stacklevel=2)
