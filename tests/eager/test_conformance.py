@@ -46,9 +46,9 @@ DEVICE_OPS = [o for o in OPS if o.supports_autograd]
 
 @pytest.mark.parametrize("op", DEVICE_OPS, ids=[conformance.name(o) for o in DEVICE_OPS])
 def test_first_sample_bitwise_on_a_device_with_everything_evicted(op):
-    """The device path (what runs on CUDA: outputs sized before every op even without a budget, the allocator's
-    rounding and queries, out-of-memory retries) on CPU samples through the simulated allocator. It found that
-    sizing an op on a sparse CSR tensor raised (sparse.sampled_addmm, as measured on an H100)."""
+    """The device path (what runs on CUDA: the allocator's rounding and queries, out-of-memory retries) on CPU
+    samples through the simulated allocator. It found that sizing an op on a sparse CSR tensor raised
+    (sparse.sampled_addmm, as measured on an H100, where every op was sized even without a budget)."""
     name = conformance.name(op)
     if name in KNOWN:
         pytest.xfail(KNOWN[name])

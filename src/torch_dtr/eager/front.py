@@ -103,6 +103,7 @@ class Front:
         self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
         # ops and recipes on the device evict and retry on out-of-memory through it
         self.oom = None if device is None else OutOfMemory(self.rt, device)
+        self.rates = "cuda" if isinstance(device, CudaDevice) else "cpu"  # modelled costs of ops on the device
         self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()
         self.pending: deque[Any] = deque()
@@ -239,7 +240,7 @@ class Front:
             out, cost, start = self._execute(fi, pargs, pkwargs, need, rng, on_cuda)
             flat = flat_outputs(out)
             if self.model:
-                cost = model_cost(fi.func, pargs, pkwargs, flat, "cuda" if on_cuda else "cpu")
+                cost = model_cost(fi.func, pargs, pkwargs, flat, self.rates if on_cuda else "cpu")
             fresh, aliased = self._fresh(fi, flat, refs)
             if fi.learns_size:  # NOTE [ Size prediction ] 6
                 self.sizes.learn(fi, pargs, pkwargs, sum(flat[i].untyped_storage().nbytes() for i in fresh))
@@ -283,9 +284,9 @@ class Front:
                 if type(r) is Ref and r.storage not in cow:
                     cow.append(r.storage)
         on_cuda = self.dev is not None and _on_device(self.dev, refs, consts)
-        # sizes matter only to keep a budget or retry an out-of-memory: no budget on CPU predicts nothing
-        need = (self.sizes.predict(fi, pargs, pkwargs, rt.budget is not None)
-                if fi.fresh and (rt.budget is not None or on_cuda) else 0)
+        # sizes matter only to keep a budget: without one nothing is predicted (an out-of-memory retry reads
+        # the size the allocator was asked for from its error: NOTE [ Device memory ] 4)
+        need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and rt.budget is not None else 0
         if need and on_cuda:  # the allocator rounds each output up to 512 B (NOTE [ Device memory ] 2)
             need += GRANULE * len(fi.returns)
         # NOTE [ In-place mutation ] 3: a version nothing can recompute that recipes still read keeps its buffer
