@@ -95,6 +95,7 @@ def links(s: Storage) -> tuple[int, int, float]:
 def extra(rt: Runtime, s: Storage, kind: str) -> Any:
     """The feature of ``kind`` for candidate ``s``: the runtime's own tracker for the stateful kinds ("uf" also
     reads the union-find part of a "chain" tracker), a fresh one for the stateless kinds."""
+    rt.track()  # NOTE [ Lazy tracking ]: a runtime made without a budget starts its tracker at its first choice
     if kind == "comp":
         assert rt.policy.extra == "comp", f"{rt.policy.name} keeps no exact components"
         return rt.tracker.extra(s)
@@ -121,6 +122,9 @@ def full_check(rt: Runtime) -> None:
     if rt.budget is not None:
         assert rt.memory.tracked <= rt.budget
         assert rt.memory.peak <= max(rt.budget, rt.peak_limit or 0)  # set_budget may have lowered it
+    if not rt.tracking:  # NOTE [ Lazy tracking ]: nothing chose yet, so no tracker state at all
+        assert all(s.aux is None for s in rt.live), "a tracker state before the first choice"
+        return
     if rt.policy.extra == "uf":
         roots: dict[int, tuple[Any, float]] = {}
         for s in rt.live:

@@ -595,3 +595,32 @@ def test_pin_of_evicted_storage_then_rematerialize() -> None:
         rt.reserve(30)  # only a could make room, and it is pinned
     assert a.resident
     full_check(rt)
+
+
+@pytest.mark.parametrize("policy", BUILTIN)
+def test_lazy_tracking_chooses_as_tracking_from_the_start(policy: str) -> None:
+    """NOTE [ Lazy tracking ]: a runtime without a budget keeps no tracker state while it drops values, then
+    starts its tracker at the first choice; from there it evicts what one that tracked all along evicts."""
+    def program(d: Driver) -> list:
+        xs, _ = _skip_net(d, 30)
+        for x in xs[5:25:3]:  # handles die: values that recipes read are dropped (NOTE [ Lifetimes ] 3)
+            d.rt.drop_ref(x)
+        return xs
+
+    runs = []
+    for lazy in (True, False):
+        d = Driver(None, policy, lazy_tracking=lazy)
+        xs = program(d)
+        assert d.rt.tracking is not lazy and d.rt.stats().drops > 0
+        if lazy:
+            assert all(s.aux is None for s in d.rt.live), "no tracker state before the first choice"
+        d.rt.set_budget(d.rt.memory.tracked // 2)
+        d.rt.reset_peak()
+        assert d.rt.tracking
+        for x in reversed(xs[25:]):
+            d.read(x)
+        full_check(d.rt)
+        runs.append([(kind, s.sid) for kind, s in d.events if kind in ("evict", "remat")])
+    assert any(k == "evict" for k, _ in runs[0])
+    if policy != "dtr_chain":  # its chain estimates depend on the order of evictions (NOTE [ Lazy tracking ] 1)
+        assert runs[0] == runs[1]

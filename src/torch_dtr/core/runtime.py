@@ -120,6 +120,21 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    buffer instead of two (tests/core/test_lending.py); the tests' LSTM loop's smallest feasible budget
 #    went from 54% to 50% of its peak.
 
+# NOTE [ Lazy tracking ]
+#
+# 1. The policy's tracker (union-find sets, evicted components, chains) is only read when the policy chooses
+#    a victim (``_choose``). A runtime created without a budget (the eager front end's unbudgeted and
+#    out-of-memory-driven modes) may never choose, yet drops a value at almost every op (NOTE [ Lifetimes ]
+#    3): with ``lazy_tracking=True`` (the front end's) it keeps no tracker state (``tracking`` is False)
+#    until its first choice, which tells the tracker
+#    every evicted storage then, oldest first (``track``). The same storages are then tracked as if it had
+#    tracked all along, except for the order of floating-point cost sums and, under union-find (``dtr_eq``,
+#    ``dtr_chain``), sets once joined through a value recomputed since: union-find never splits them, a
+#    fresh start does not join them; ``dtr_chain``'s chain estimates also depend on the order of evictions
+#    (NOTE [ Evicted chains ]), so its first choices may differ.
+# 2. A runtime created with a budget, or without ``lazy_tracking`` (every replay of a log, the core's tests),
+#    tracks from the start: the simulator's outcomes do not change.
+
 # NOTE [ Changed inputs ]
 #
 # 1. A recipe is valid only while what it reads keeps its value. Managed storages never change (an
@@ -266,6 +281,7 @@ class Runtime:
         seed: int = 0,
         remat: str = "plan",
         banish_depth: int = 0,
+        lazy_tracking: bool = False,
     ) -> None:
         if remat not in ("plan", "stack"):
             raise ValueError(f"torch_dtr: remat must be 'plan' or 'stack', got {remat!r}")
@@ -279,6 +295,7 @@ class Runtime:
         self.peak_limit = budget  # the largest budget in force since the peak was last reset (check())
         self.policy = get_policy(policy)
         self.tracker = TRACKERS[self.policy.extra]()
+        self.tracking = not (lazy_tracking and budget is None)  # NOTE [ Lazy tracking ]
         self.sample_sqrt = sample_sqrt
         self.min_evict_bytes = min_evict_bytes
         self.memory = memory or Memory()
@@ -504,7 +521,8 @@ class Runtime:
                 if s.pinned and self.device_usage is not None and self.budget is not None:
                     # its memory lives on in a plain tensor (an unwrapped p.grad): outside until the next sync
                     self.memory.outside += s.nbytes
-            self.tracker.restored(s)
+            if self.tracking:
+                self.tracker.restored(s)
             s.payload = None
             self.live.pop(s, None)
             if self.listeners:
@@ -592,7 +610,8 @@ class Runtime:
                 self._unawait(old)
             self._drop_candidate(old)
             self._unbanish(old)
-            self.tracker.superseded(old)
+            if self.tracking:
+                self.tracker.superseded(old)
         old.forward = new
         new.refs += old.refs
         old.refs = 0
@@ -767,7 +786,8 @@ class Runtime:
         """Evict ``s``, count it as ``kind`` ("evict": to make room, "drop": NOTE [ Lifetimes ] 3), tell."""
         self._unresident(s)
         self.victim.evict(s)
-        self.tracker.evicted(s)
+        if self.tracking:
+            self.tracker.evicted(s)
         if kind == "evict":
             self.evictions += 1
         else:
@@ -819,7 +839,23 @@ class Runtime:
             f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). "
             f"{_suggest(max(self.budget or 0, self.floor) * 1.15)}")
 
+    def track(self) -> None:
+        """Start the policy's tracker now (NOTE [ Lazy tracking ]): tell it every evicted storage, oldest first.
+        Idempotent; for drivers and tests that read the tracker's features before any choice."""
+        if self.tracking:
+            return
+        self.tracking = True
+        tracker = self.tracker
+        for s in self.live:
+            if not s.resident:
+                if s.forward is None:
+                    tracker.evicted(s)
+                else:
+                    tracker.superseded(s)
+
     def _choose(self) -> Storage | None:
+        if not self.tracking:
+            self.track()
         t0 = time.perf_counter()
         cands = self.candidates
         n = len(cands)
@@ -1171,7 +1207,8 @@ class Runtime:
         for s in lend or ():  # its buffer now holds an output: its bytes move there (freed before counted)
             s.payload = None
             self._unresident(s)
-            self.tracker.evicted(s)
+            if self.tracking:
+                self.tracker.evicted(s)
             self.drops += 1
             if self.listeners:
                 self.emit("drop", s)
@@ -1190,7 +1227,8 @@ class Runtime:
             self.memory.alloc(o)
             if not o.pinned:
                 self._add_candidate(o)
-            self.tracker.restored(o)
+            if self.tracking:
+                self.tracker.restored(o)
             if self.listeners:
                 self.emit("remat", o)
 

@@ -98,7 +98,7 @@ class Front:
         self.dev = device
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
                           device_usage=None if device is None else device.usage, sync_every=sync_every,
-                          remat=remat, banish_depth=banish_depth)
+                          remat=remat, banish_depth=banish_depth, lazy_tracking=True)
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
         self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
         # ops and recipes on the device evict and retry on out-of-memory through it
