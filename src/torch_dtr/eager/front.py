@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +52,19 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 #    ``torch_dtr.attach()``: the same session (budget, runtime, lock) on its own mode, which falls back to
 #    plain PyTorch once the session is disabled. (Making it process-wide would need a hook on every thread's
 #    dispatch, which PyTorch does not offer.)
+
+# NOTE [ Compiled regions ]
+#
+# 1. ``torch.compile`` traces a region with dynamo, which runs its ops on fake tensors through the dispatch
+#    modes of the thread, ours included (the mode lets dynamo in: ``_should_skip_dynamo``). While dynamo
+#    traces (``torch.compiler.is_compiling()``), the mode steps aside: the region is traced as plain PyTorch.
+# 2. At run time the compiled region's kernels run on plain tensors: what it computes is not managed
+#    (never evicted, not counted in tracked bytes; on CUDA it is part of the allocator's count, outside
+#    torch-dtr's reach). A warning says so once per session. With ``backend="eager"`` the compiled graph's
+#    aten calls run through the mode again and are managed as usual.
+# 3. Inside ``torch.func`` transforms (vmap, grad, ...) the ops reach the mode on tensors that do not require
+#    grad at its level, so they stay plain (not managed, not counted), and nothing the mode can read tells
+#    them apart (``torch._C._are_functorch_transforms_active()`` is False there): not warned about yet.
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
@@ -112,6 +126,7 @@ class Front:
         self.mode = _Mode(self)
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
         self.expandable_was: bool | None = None  # the device's setting before enable() switched it (api)
+        self.warned_compile = False  # NOTE [ Compiled regions ] 2
 
     # ------------------------------------------------------------------ queued handle drops
     def drain_if_idle(self) -> None:
@@ -538,6 +553,9 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
+        if _compiling():  # NOTE [ Compiled regions ]: dynamo traces through the mode; step aside
+            _compiled_region_seen()
+            return func(*args, **kwargs)
         if complex_args(args, kwargs):  # NOTE [ Conjugate and negative keys ]
             with math_keys():
                 return self._dispatch(func, args, kwargs)
@@ -572,6 +590,20 @@ class ThreadMode(_Mode):
         if not self.front.active:
             return func(*args, **(kwargs or {}))
         return _Mode.__torch_dispatch__(self, func, types, args, kwargs)
+
+
+_compiling = torch.compiler.is_compiling
+
+
+def _compiled_region_seen() -> None:
+    f = _ACTIVE
+    if f is not None and not f.warned_compile:
+        f.warned_compile = True
+        warnings.warn("torch_dtr: a torch.compile region is traced under torch_dtr.enable(); what its compiled "
+                      "kernels compute is not managed by torch-dtr (never evicted, not counted in its tracked bytes; "
+                      "on CUDA it counts as memory outside torch-dtr's reach). Compile with backend='eager' to keep "
+                      "it managed, or leave such regions out of torch-dtr's budget (NOTE [ Compiled regions ]).",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _writes(fi: FuncInfo, args: tuple, kwargs: dict) -> list[Any]:

@@ -287,6 +287,8 @@ class Sizes:
         nbytes = 0
         for i, o in enumerate(out):
             if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None:
+                if o.layout != torch.strided:  # sparse outputs are not managed, not counted (Budget accounting 5)
+                    continue
                 if low and o.dtype.is_floating_point:
                     nbytes += o.untyped_storage().nbytes() // o.element_size() * wide
                 else:
