@@ -177,10 +177,19 @@ def test_outputs_of_plain_ops_stay_plain():
     x = torch.randn(3, 3)
     assert type(x @ x) is torch.Tensor
     p = torch.randn(3, requires_grad=True)
-    with torch.no_grad():
-        assert type(p * 2) is torch.Tensor
     assert type(p * 2) is DTRTensor
     assert type(p.t()) is torch.Tensor  # a view of a constant stays plain
+    with torch.no_grad():  # NOTE [ Managed vs constant ] 5: inference is managed, views and writes are not
+        assert type(p * 2) is DTRTensor and type(x @ x) is DTRTensor
+        assert type(p.t()) is torch.Tensor and type(x.add_(1)) is torch.Tensor
+        assert type(torch.zeros(3)) is torch.Tensor, "a factory reads no tensor: it stays a constant"
+    opt = torch.optim.SGD([p], lr=0.1)
+    p.grad = torch.ones(3)
+    seen = []
+    handle = opt.register_step_pre_hook(lambda *_: seen.append(torch_dtr.eager.front._ACTIVE.stepping))
+    opt.step()  # inside step() nothing is managed: the optimizer's state and updates stay plain
+    handle.remove()
+    assert seen == [True] and not torch_dtr.eager.front._ACTIVE.stepping
 
 
 # ---------------------------------------------------------------- infeasible budgets

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -22,7 +23,7 @@ from .costs import model_cost
 from .device import GRANULE, CudaDevice, CudaTimer, Device, OutOfMemory
 from .funcinfo import FuncInfo, info
 from .mathkeys import complex_args, math_keys
-from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs
+from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, version
 from .rng import RngState
 from .sizes import Sizes, trim
 from .tensor import Cell, DTRTensor, geometry, view_of
@@ -37,6 +38,17 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 # 3. A view of a constant and an in-place write to a constant stay plain.
 # 4. Gradients accumulated into plain leaves (``p.grad``) are handed back plain by a post-accumulate-grad
 #    hook on each leaf seen, so optimizers (foreach and fused paths too) run on plain tensors.
+# 5. Inference: with grad mode off (``torch.no_grad``, ``torch.inference_mode``), an op that makes new
+#    tensors from tensors (not a view, not an in-place write, replayable) is managed even when its inputs are
+#    plain, so that what inference holds (activations of a batched forward, a KV cache, outputs kept for
+#    later) counts against the budget and can be evicted and recomputed. Its plain inputs become constants
+#    (counted), as do gradients read by no-grad code between steps (``clip_grad_norm_``, a GradScaler's
+#    checks). Not inside ``optimizer.step()`` (``Front.stepping``, set by optimizer step hooks): an
+#    optimizer's state and updates stay plain. The same with or without a budget, so that an unbudgeted
+#    run's peak counts what a budgeted one counts.
+# 6. A managed value that becomes a parameter (``nn.Parameter(t)``) or a buffer (``register_buffer``) while
+#    enabled, as weight norm's parametrization makes them under no_grad, becomes its plain value (pinned):
+#    parameters and buffers are constants. ``enable()`` wraps both for the session.
 #
 # NOTE [ Threads ]
 #
@@ -89,6 +101,18 @@ def _classify(xs: Any) -> int:
     return r
 
 
+def _has_tensor(args: tuple, kwargs: dict) -> bool:
+    """Whether a strided tensor is among the arguments (one level of lists), and no nested one."""
+    found = False
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        for b in a if type(a) is list or type(a) is tuple else (a,):
+            if isinstance(b, torch.Tensor):
+                if b.is_nested:
+                    return False
+                found = found or b.layout == _STRIDED
+    return found
+
+
 def _on_device(dev: Device, refs: list[Ref], consts: list[torch.Tensor]) -> bool:
     if refs:
         return dev.owns(refs[0].storage.payload)
@@ -127,6 +151,9 @@ class Front:
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
         self.expandable_was: bool | None = None  # the device's setting before enable() switched it (api)
         self.warned_compile = False  # NOTE [ Compiled regions ] 2
+        self.stepping = False  # inside an optimizer's step() (NOTE [ Managed vs constant ] 5)
+        self._step_hooks = (register_optimizer_step_pre_hook(self._step_begins),
+                            register_optimizer_step_post_hook(self._step_ends))
 
     # ------------------------------------------------------------------ queued handle drops
     def drain_if_idle(self) -> None:
@@ -250,7 +277,7 @@ class Front:
             if override:  # the op writes copies of storages that recipes still read
                 pargs = fill(targs, override, _EMPTY)
                 pkwargs = {k: fill(v, override, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
-            versions = [c._version for c in consts] if consts else None
+            versions = [version(c) for c in consts] if consts else None
             rng = RngState.before(pargs, pkwargs) if fi.random else None
             out, cost, start = self._execute(fi, pargs, pkwargs, need, rng, on_cuda)
             flat = flat_outputs(out)
@@ -301,7 +328,8 @@ class Front:
         on_cuda = self.dev is not None and _on_device(self.dev, refs, consts)
         # sizes matter only to keep a budget: without one nothing is predicted (an out-of-memory retry reads
         # the size the allocator was asked for from its error: NOTE [ Device memory ] 4)
-        need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and rt.budget is not None else 0
+        # (a nested output is not managed: nothing to reserve for it)
+        need = self.sizes.predict(fi, pargs, pkwargs) if fi.fresh and rt.budget is not None and not fi.nested else 0
         if need and on_cuda:  # the allocator rounds each output up to 512 B (NOTE [ Device memory ] 2)
             need += GRANULE * len(fi.returns)
         # NOTE [ In-place mutation ] 3: a version nothing can recompute that recipes still read keeps its buffer
@@ -330,9 +358,9 @@ class Front:
     def _fresh(fi: FuncInfo, flat: list[Any], refs: list[Ref]) -> tuple[list[int], dict[int, Ref | None]]:
         """Indices of the outputs with storage of their own, and outputs that alias an input unannounced."""
         rets = fi.returns
-        # sparse and other storage-less layouts stay plain: computed eagerly, never evicted (not counted)
+        # sparse, nested and other storage-less layouts stay plain: computed eagerly, never evicted (not counted)
         fresh = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None
-                 and o.layout == _STRIDED]
+                 and o.layout == _STRIDED and not o.is_nested]
         if fi.view_unannotated and fresh:  # an unannotated alias of an input: treat it as a view
             ptrs = {r.storage.payload.untyped_storage().data_ptr(): r for r in refs}
             aliased = {i: ptrs.get(flat[i].untyped_storage().data_ptr()) for i in fresh}
@@ -361,7 +389,7 @@ class Front:
         scratch = _EMPTY
         kept: list[tuple[torch.Tensor, int]] = []
         if consts:
-            written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if c._version != v]  # type: ignore[arg-type]
+            written_consts = [id(c) for c, v in zip(consts, versions, strict=True) if version(c) != v]  # type: ignore[arg-type]
             training = fi.hidden_writes and fi.arg(fi.training, args, kwargs)
             if training:
                 written_consts += [id(c) for c in (fi.arg(h, args, kwargs) for h in fi.hidden_writes)
@@ -370,9 +398,9 @@ class Front:
                 targs, tkwargs, consts = _snapshot(fi, targs, tkwargs, consts)
             if written_consts:
                 scratch = frozenset(written_consts)
-                kept = [(c, c._version) for c in consts if id(c) not in scratch]
+                kept = [(c, version(c)) for c in consts if id(c) not in scratch]
             else:
-                kept = [(c, c._version) for c in consts]
+                kept = [(c, version(c)) for c in consts]
         recipe = Recipe(fi.func, targs, tkwargs, rng, kept, scratch, [], tuple(written), self.oom,
                         torch.is_grad_enabled())
         op = rt.ran(ins, cost, recipe, fi.name, written)
@@ -535,7 +563,15 @@ class Front:
                 self.rt.pin(cell.storage)
         return v
 
+    def _step_begins(self, *_: Any) -> None:
+        self.stepping = True
+
+    def _step_ends(self, *_: Any) -> None:
+        self.stepping = False
+
     def close(self) -> None:
+        for h in self._step_hooks:
+            h.remove()
         self.consts.close()
         trim()
 
@@ -568,6 +604,11 @@ class _Mode(TorchDispatchMode):
         if c == 2 or (c == 1 and torch.is_grad_enabled()):
             return self.front.run(func, args, kwargs)
         front = self.front
+        # NOTE [ Managed vs constant ] 5: inference
+        if not front.stepping and not torch.is_grad_enabled():
+            fi = info(func)
+            if fi.fresh and not fi.mutated and fi.replayable and not fi.nested and _has_tensor(args, kwargs):
+                return front.run(func, args, kwargs)
         if front.consts.readers:  # NOTE [ Changed constants ] 2: a write to a constant recipes read
             fi = info(func)
             if fi.mutated:
@@ -649,8 +690,31 @@ def set_active(front: Front | None) -> None:
     if front is not None:
         front.active = True
         torch.Tensor.data = property(_DATA.__get__, _set_data)  # type: ignore[assignment]
-    elif "data" in torch.Tensor.__dict__:
-        del torch.Tensor.data
+        torch.nn.Parameter.__new__ = _param_new  # type: ignore[method-assign]
+        torch.nn.Module.register_buffer = _register_buffer  # type: ignore[method-assign]
+    else:
+        if "data" in torch.Tensor.__dict__:
+            del torch.Tensor.data
+        torch.nn.Parameter.__new__ = _PARAM_NEW  # type: ignore[method-assign]
+        torch.nn.Module.register_buffer = _REGISTER_BUFFER  # type: ignore[method-assign]
+
+
+# NOTE [ Managed vs constant ] 6: a value made under no_grad (managed: rule 5) that becomes a parameter or a
+# buffer (weight norm's parametrization, an init under no_grad) is a constant: its plain value, pinned
+_PARAM_NEW = torch.nn.Parameter.__new__
+_REGISTER_BUFFER = torch.nn.Module.register_buffer
+
+
+def _param_new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
+    if type(data) is DTRTensor:
+        data = data._cell.front.unwrap(data._cell)
+    return _PARAM_NEW(cls, data, requires_grad)
+
+
+def _register_buffer(self: torch.nn.Module, name: str, tensor: Any, persistent: bool = True) -> None:
+    if type(tensor) is DTRTensor:
+        tensor = tensor._cell.front.unwrap(tensor._cell)
+    _REGISTER_BUFFER(self, name, tensor, persistent)
 
 
 # the C getter and setter of ``Tensor.data``; while enabled, ``torch.Tensor.data`` wraps the setter

@@ -43,7 +43,7 @@ class FuncInfo:
 
     __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
                  "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
-                 "stats", "learns_size")
+                 "stats", "learns_size", "nested")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -73,6 +73,8 @@ class FuncInfo:
         # some output is a tensor with storage of its own (``.item()``'s ``_local_scalar_dense`` returns a number)
         self.fresh = any(r is None and "Tensor" in str(sr.type) for r, sr in zip(rets, schema.returns, strict=True))
         self.random = _RANDOM in func.tags
+        # makes nested tensors (TransformerEncoder's fast path): not managed, so not managed for inference either
+        self.nested = "_nested" in self.name
         packet = func._overloadpacket.__name__
         self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE
         self.view_unannotated = packet in _UNANNOTATED_VIEWS

@@ -46,6 +46,15 @@ class Ref:
         self.geom = geom
 
 
+def version(c: torch.Tensor) -> int:
+    """``c``'s version counter; -1 for an inference tensor, which has none (it cannot be written outside
+    ``torch.inference_mode``, and a write inside it is not seen)."""
+    try:
+        return c._version
+    except RuntimeError:
+        return -1
+
+
 def clone_storage(p: torch.Tensor) -> torch.Tensor:
     """A copy of ``p``'s whole storage, seen with ``p``'s geometry."""
     st = p.untyped_storage().clone()
@@ -115,7 +124,7 @@ class Recipe:
         """Replay; ``lend``: old versions in ``cow`` that nothing else needs, written in place instead of
         copied (core ``Op.writes``), as the first run did."""
         for c, v in self.consts:
-            if c._version != v:
+            if v >= 0 and c._version != v:
                 raise ConstantChangedError(
                     f"torch_dtr: cannot rematerialize the output of {self.func}: a constant it read "
                     f"(shape {tuple(c.shape)}, {c.dtype}) was modified in place after it was recorded "
