@@ -134,3 +134,33 @@ def test_the_store_imports_no_torch():
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_tenants_share_a_total_that_is_halved_and_restored():
+    from torch_dtr.store import Pool
+
+    pool = Pool(total=20_000)
+    a, b = pool.store("a"), pool.store("b", share=1)
+    assert pool.budgets() == {"a": 10_000, "b": 10_000}
+    va = [a.compute(lambda i=i: bytes([i]) * 1000, nbytes=1000) for i in range(9)]
+    vb = [b.compute(lambda i=i: bytes([i + 100]) * 1000, nbytes=1000) for i in range(9)]
+    assert all(v.resident for v in va + vb)
+    pool.set_total(10_000)  # halved: each tenant evicts to 5,000 at once
+    st = pool.stats()
+    assert st["a"].resident_bytes <= 5_000 and st["b"].resident_bytes <= 5_000 and st["a"].evictions == 4
+    pool.set_share("a", 3)  # a gets 7,500, b 2,500 (b shrinks first, so the total is never passed)
+    st = pool.stats()
+    assert st["a"].budget_bytes == 7_500 and st["b"].resident_bytes <= 2_500
+    pool.set_total(20_000)
+    assert [v.get()[0] for v in va] == list(range(9)) and [v.get()[0] for v in vb] == list(range(100, 109))
+    assert sum(s.resident_bytes for s in pool.stats().values()) <= 20_000
+    pool.set_total(500)  # everything of both tenants is evictable: a's budget is 375 B, b's 125 B
+    assert sum(s.resident_bytes for s in pool.stats().values()) == 0
+    with pytest.raises(BudgetError):
+        a.constant(b"k" * 400)  # a constant of 400 B does not fit a's 375
+    pool.store("c")  # a third tenant: the others shrink to make room
+    assert pool.budgets() == {"a": 300, "b": 100, "c": 100}
+    with pytest.raises(ValueError, match="share must be a number > 0"):
+        pool.set_share("a", 0)
+    with pytest.raises(KeyError, match="no tenant 'c'"):
+        pool.set_share("c", 1)

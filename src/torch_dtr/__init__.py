@@ -21,7 +21,7 @@ def __getattr__(name: str) -> object:
         from . import eager
 
         return getattr(eager, name)
-    if name in ("Store", "Value"):  # recomputable values of any kind, without torch (torch_dtr.store)
+    if name in ("Pool", "Store", "Value"):  # recomputable values of any kind, without torch (torch_dtr.store)
         from . import store
 
         return getattr(store, name)
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> object:
 __version__ = "0.1.0"
 __all__ = [
     "POLICIES", "BudgetError", "ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
-    "InternalError", "Store", "Value", "Policy", "Stats", "attach",
+    "InternalError", "Pool", "Store", "Value", "Policy", "Stats", "attach",
     "budget",
     "disable", "enable", "enabled", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
     "unwrap",

@@ -37,7 +37,7 @@ from typing import Any
 from .core import Policy, Runtime, Stats, Storage
 from .core.policies import DEFAULT_POLICY
 
-__all__ = ["Store", "Value"]
+__all__ = ["Pool", "Store", "Value"]
 
 
 def _parse(budget: int | str | None) -> int | None:
@@ -186,3 +186,72 @@ class Store:
         """A new budget, kept at once by evicting (``BudgetError`` if it cannot be: the old one stays)."""
         with self.lock:
             self.rt.set_budget(_parse(budget))
+
+
+class Pool:
+    """Several stores (tenants) under one total budget, split by shares that can move at run time.
+
+    ``pool.store(name, share)`` makes a tenant; its budget is ``total * share / sum(shares)``. Changing the
+    total (``set_total``) or a share (``set_share``) lowers the budgets that shrink first (each tenant evicts
+    to fit its new budget at once) and then raises the others, so the tenants' budgets never add up to more
+    than the total. ``stats()`` gives each tenant's counters."""
+
+    def __init__(self, total: int | str, *, policy: str | Policy = DEFAULT_POLICY) -> None:
+        self.total = _parse(total)
+        if self.total is None:
+            raise ValueError("torch_dtr: a Pool needs a total budget, e.g. Pool(total='1GB')")
+        self.policy = policy
+        self.shares: dict[str, float] = {}
+        self.stores: dict[str, Store] = {}
+
+    def store(self, name: str, share: float = 1.0) -> Store:
+        if name in self.stores:
+            raise ValueError(f"torch_dtr: the pool has a tenant {name!r} already; choose another name")
+        _check_share(share)
+        self.shares[name] = float(share)
+        self.stores[name] = Store(0, policy=self.policy)
+        self._rebalance()
+        return self.stores[name]
+
+    def set_total(self, total: int | str) -> None:
+        """A new total: tenants evict to fit their new budgets (``BudgetError``: nothing was changed)."""
+        new = _parse(total)
+        if new is None:
+            raise ValueError("torch_dtr: a Pool's total cannot be None")
+        old, self.total = self.total, new
+        try:
+            self._rebalance()
+        except BaseException:
+            self.total = old
+            self._rebalance()
+            raise
+
+    def set_share(self, name: str, share: float) -> None:
+        _check_share(share)
+        if name not in self.shares:
+            raise KeyError(f"torch_dtr: no tenant {name!r} in the pool (tenants: {sorted(self.shares)})")
+        old, self.shares[name] = self.shares[name], float(share)
+        try:
+            self._rebalance()
+        except BaseException:
+            self.shares[name] = old
+            self._rebalance()
+            raise
+
+    def budgets(self) -> dict[str, int]:
+        whole = sum(self.shares.values())
+        return {n: int(self.total * s / whole) for n, s in self.shares.items()}  # type: ignore[operator]
+
+    def _rebalance(self) -> None:
+        new = self.budgets()
+        order = sorted(new, key=lambda n: new[n] - (self.stores[n].rt.budget or 0))  # shrinking ones first
+        for n in order:
+            self.stores[n].set_budget(new[n])
+
+    def stats(self) -> dict[str, Stats]:
+        return {n: s.stats() for n, s in self.stores.items()}
+
+
+def _check_share(share: float) -> None:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not share > 0:
+        raise ValueError(f"torch_dtr: a tenant's share must be a number > 0, got {share!r}")
