@@ -237,6 +237,32 @@ def test_window_evicts_adjacent_blocks_where_scattered_evictions_would_not_coale
     assert window([seg1, seg3], {**ev, 200 * MiB: e}, MiB // 4) == [], "a small request with a free small block"
 
 
+def test_cuda_device_reads_the_allocator_through_the_calls_it_makes_on_a_gpu(monkeypatch):
+    """What CudaDevice reads from PyTorch's CUDA allocator, with those calls replaced (no GPU here): the raw
+    statistics dict, the snapshot's layout, PyTorch's out-of-memory message, the expandable-segments setting."""
+    from torch_dtr import CudaDevice
+
+    dev = CudaDevice(0)
+    dev._stats = lambda i: {"allocated_bytes": {"all": {"current": 123 + i, "peak": 456}}}
+    assert dev.usage() == (123, 456) and dev.allocated() == 123
+    snap = [{"device": 0, "address": 4096, "segment_type": "large", "total_size": 3072,
+             "blocks": [{"address": 4096, "size": 2048, "state": "active_allocated"},
+                        {"address": 6144, "size": 1024, "state": "inactive"}]},
+            {"device": 1, "address": 0, "segment_type": "small", "blocks": [{"size": 512, "state": "inactive"}]},
+            {"device": 0, "address": 1 << 30, "segment_type": "small",
+             "blocks": [{"size": 512, "state": "active_pending_free"}, {"size": 1536, "state": "inactive"}]}]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda include_traces=True: snap)
+    assert dev.segments() == [(False, [(4096, 2048, True), (6144, 1024, False)]),
+                              (True, [(1 << 30, 512, True), ((1 << 30) + 512, 1536, False)])]
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+                                 "79.19 GiB of which 3.06 MiB is free.")
+    assert Device.requested(err) == 20 << 20 and Device.requested(RuntimeError("no size")) == 0
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")
+    assert dev.set_expandable(True) is False and calls == ["expandable_segments:True"]
+
+
 # ---------------------------------------------------------------------------------------------- a real GPU
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -144,13 +144,18 @@ class CudaDevice(Device):
         return int(torch.cuda.max_memory_allocated(self.index))
 
     def segments(self) -> list[Segment]:
+        try:  # torch >= 2.10: without the allocation history's stack traces (cheaper)
+            snapshot = torch.cuda.memory_snapshot(include_traces=False)
+        except TypeError:
+            snapshot = torch.cuda.memory_snapshot()
         out = []
-        for seg in torch.cuda.memory_snapshot():
+        for seg in snapshot:
             if seg.get("device", self.index) != self.index:
                 continue
             addr, blocks = int(seg["address"]), []
             for b in seg["blocks"]:
                 size = int(b["size"])
+                addr = int(b.get("address", addr))
                 blocks.append((addr, size, b["state"] != "inactive"))
                 addr += size
             out.append((seg.get("segment_type") == "small", blocks))
