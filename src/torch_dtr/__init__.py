@@ -11,7 +11,7 @@ from .core.policies import POLICIES, register
 
 _EAGER = ("ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
           "attach", "budget", "disable", "enable", "enabled", "listen",
-          "parse_budget", "reset_peak", "runtime", "stats", "unwrap")
+          "parse_budget", "reset_peak", "runtime", "stats", "tenant", "unwrap")
 
 
 def __getattr__(name: str) -> object:
@@ -37,5 +37,5 @@ __all__ = [
     "InternalError", "Pool", "Store", "Value", "Policy", "Stats", "attach",
     "budget",
     "disable", "enable", "enabled", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
-    "unwrap",
+    "tenant", "unwrap",
 ]

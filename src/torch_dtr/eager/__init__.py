@@ -13,6 +13,7 @@ from .api import (
                   reset_peak,
                   runtime,
                   stats,
+                  tenant,
                   unwrap,
 )
 from .device import CudaDevice, Device
@@ -20,4 +21,5 @@ from .simdevice import SimulatedDevice
 from .tensor import DTRTensor
 
 __all__ = ["ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice", "attach", "budget",
-           "disable", "enable", "enabled", "listen", "parse_budget", "peek", "reset_peak", "runtime", "stats", "unwrap"]
+           "disable", "enable", "enabled", "listen", "parse_budget", "peek", "reset_peak", "runtime", "stats", "tenant",
+           "unwrap"]

@@ -15,6 +15,7 @@ import torch
 from ..core import Listener, Stats
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
+from . import tenants as _tenants
 from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
 from .tensor import DTRTensor
@@ -175,15 +176,45 @@ def budget(budget: int | str | None, **options: object) -> Iterator[None]:
         return
     if options:
         raise ValueError(f"torch_dtr: options {sorted(options)} can only be set by the outermost scope")
-    old = f.rt.budget
-    with f.lock:
-        f.rt.set_budget(parse_budget(budget))
-        f.rt.reserve(0)
+    old = f.total
+    f.total = parse_budget(budget)
+    try:
+        if f.tenants:  # NOTE [ Tenants ] 2: every tenant gets its share of the new total
+            _tenants.rebalance(f)
+        else:
+            with f.lock:
+                f.rt.set_budget(f.total)
+                f.rt.reserve(0)
+    except BaseException:
+        f.total = old
+        raise
     try:
         yield
     finally:
-        with f.lock:
-            f.rt.set_budget(old)
+        f.total = old
+        if f.tenants:
+            _tenants.rebalance(f)
+        else:
+            with f.lock:
+                f.rt.set_budget(old)
+
+
+@contextlib.contextmanager
+def tenant(name: str, share: float | None = None) -> Iterator[None]:
+    """Run this thread's ops as tenant ``name`` of the enabled session: counted against, and evicted for,
+    its own share of the session's budget (NOTE [ Tenants ]). ``share``: its weight (1 when first used);
+    giving another one moves budget between tenants at once. ``stats(name)`` gives its counters."""
+    f = _front._ACTIVE
+    if f is None:
+        raise RuntimeError("torch_dtr: tenant() needs an enabled session; call torch_dtr.enable(budget=...) first")
+    if not isinstance(name, str):
+        raise TypeError(f"torch_dtr: a tenant's name is a str, got {name!r}")
+    t = _tenants.tenant_of(f, name, share)
+    mode, old = _tenants.switch(t)
+    try:
+        yield
+    finally:
+        mode.front = old
 
 
 @contextlib.contextmanager
@@ -202,11 +233,16 @@ def attach() -> Iterator[None]:
         yield
 
 
-def stats() -> Stats:
-    """Counters of the enabled runtime (or of the last one, after ``disable()``)."""
+def stats(tenant: str | None = None) -> Stats:
+    """Counters of the enabled runtime (or of the last one, after ``disable()``); ``tenant``: of that tenant
+    of the session (NOTE [ Tenants ])."""
     f = _front._ACTIVE or _LAST
     if f is None:
         return Stats(None, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0)
+    if tenant:
+        if tenant not in f.tenants:
+            raise KeyError(f"torch_dtr: no tenant {tenant!r} in the session (tenants: {sorted(f.tenants)})")
+        f = f.tenants[tenant]
     with f.lock:
         f.drain()
         return f.rt.stats()

@@ -130,6 +130,12 @@ class Front:
                  min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
                  banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
                  sync_every: int = 64) -> None:
+        self._args = (budget, policy, sample_sqrt, min_evict_bytes, costs, remat, banish_depth, device, sync_every)
+        # NOTE [ Tenants ]: the session's total budget, its tenants and their shares (tenants.py)
+        self.total = budget
+        self.session: Front | None = None  # a tenant's session
+        self.tenants: dict[str, Front] = {}
+        self.shares: dict[str, float] = {"": 1.0}
         if device is None and torch.cuda.is_available():
             device = CudaDevice()
         # NOTE [ Device memory ]: the budget bounds the device allocator's count; out-of-memory retries
@@ -563,6 +569,10 @@ class Front:
                 self.rt.pin(cell.storage)
         return v
 
+    def spawn(self) -> Front:
+        """A front end with this one's options, for a tenant (NOTE [ Tenants ])."""
+        return Front(*self._args)
+
     def _step_begins(self, *_: Any) -> None:
         self.stepping = True
 
@@ -570,6 +580,9 @@ class Front:
         self.stepping = False
 
     def close(self) -> None:
+        for t in self.tenants.values():
+            t.active = False
+            t.close()
         for h in self._step_hooks:
             h.remove()
         self.consts.close()
