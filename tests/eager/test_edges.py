@@ -103,3 +103,32 @@ def test_a_scopes_budget_error_suggests_a_scope_and_never_less_than_it_quotes():
     quoted = float(floor.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20}[floor.group(2)]
     assert suggested >= quoted, f"suggests {suggested} B below the floor it quotes: {msg}"
     assert "for a scope inside a running session" in msg
+
+
+def test_torch_func_transforms_warn_once_that_their_work_is_outside_the_budget():
+    """vmap(grad(f)) under a 1 MB budget made 64.5 MiB with stats().ops == 0 and no word (DP-SGD's per-sample
+    gradients): still unmanaged, now said once per session."""
+    from torch.func import functional_call, grad, vmap
+
+    model = _mlp()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p: dict, xi: torch.Tensor) -> torch.Tensor:
+        return functional_call(model, p, (xi[None],)).sum()
+
+    x = torch.randn(16, 64)
+    want = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    torch_dtr.enable(budget="1MB")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = vmap(grad(loss), in_dims=(None, 0))(params, x)
+            vmap(grad(loss), in_dims=(None, 0))(params, x)
+    finally:
+        torch_dtr.disable()
+    said = [str(w.message) for w in caught if "torch_dtr" in str(w.message)]
+    assert len(said) == 1 and "torch.func transforms" in said[0] and "outside torch-dtr's budget" in said[0]
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    import torch._functorch.apis as apis
+
+    assert apis.vmap_impl.__name__ == "vmap_impl", "disable() restores the transforms"

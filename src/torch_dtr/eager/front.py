@@ -74,9 +74,11 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 #    (never evicted, not counted in tracked bytes; on CUDA it is part of the allocator's count, outside
 #    torch-dtr's reach). A warning says so once per session. With ``backend="eager"`` the compiled graph's
 #    aten calls run through the mode again and are managed as usual.
-# 3. Inside ``torch.func`` transforms (vmap, grad, ...) the ops reach the mode on tensors that do not require
-#    grad at its level, so they stay plain (not managed, not counted), and nothing the mode can read tells
-#    them apart (``torch._C._are_functorch_transforms_active()`` is False there): not warned about yet.
+# 3. Inside ``torch.func`` transforms (vmap, grad, vjp, jvp and what is built on them) the ops reach the mode
+#    on tensors that do not require grad at its level, so they stay plain (not managed, not counted), and
+#    nothing the mode can read tells them apart (``torch._C._are_functorch_transforms_active()`` is False
+#    there). While enabled, the transforms' implementations (``vmap_impl``, ``grad_impl``, ...) are wrapped
+#    to warn once per session that their work is outside the budget.
 
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
@@ -157,6 +159,7 @@ class Front:
         self.busy = False  # True while this front end's runtime is doing bookkeeping (under the lock)
         self.expandable_was: bool | None = None  # the device's setting before enable() switched it (api)
         self.warned_compile = False  # NOTE [ Compiled regions ] 2
+        self.warned_func = False  # NOTE [ Compiled regions ] 3
         self.stepping = False  # inside an optimizer's step() (NOTE [ Managed vs constant ] 5)
         self._step_hooks = (register_optimizer_step_pre_hook(self._step_begins),
                             register_optimizer_step_post_hook(self._step_ends))
@@ -660,6 +663,33 @@ def _compiled_region_seen() -> None:
                       RuntimeWarning, stacklevel=3)
 
 
+def _transforms() -> list[tuple[Any, str, Any]]:
+    """The implementations of torch.func's transforms that exist in this torch (NOTE [ Compiled regions ] 3)."""
+    import torch._functorch.apis as apis
+    import torch._functorch.eager_transforms as eager
+
+    found = [(apis, "vmap_impl")] + [(eager, n) for n in ("grad_impl", "grad_and_value_impl", "_vjp_with_argnums",
+                                                          "_jvp_with_argnums")]
+    return [(m, n, getattr(m, n)) for m, n in found if hasattr(m, n)]
+
+
+_TRANSFORMS = _transforms()
+
+
+def _warns(orig: Any) -> Any:
+    def transform(*args: Any, **kwargs: Any) -> Any:
+        f = _ACTIVE
+        if f is not None and not f.warned_func:
+            f.warned_func = True
+            warnings.warn("torch_dtr: ops inside torch.func transforms (vmap, grad, vjp, jvp, jacrev, ...) are not "
+                          "managed: what they compute is outside torch-dtr's budget (never evicted; not counted on "
+                          "the CPU, counted as memory outside its reach on CUDA). Run the transform outside "
+                          "torch_dtr.enable(), or leave room for it in the budget.", RuntimeWarning, stacklevel=3)
+        return orig(*args, **kwargs)
+
+    return transform
+
+
 def _writes(fi: FuncInfo, args: tuple, kwargs: dict) -> list[Any]:
     """The arguments the op writes in place: the schema's, and batch norm's statistics in training mode."""
     out = [fi.arg(m, args, kwargs) for m in fi.mutated]
@@ -705,7 +735,11 @@ def set_active(front: Front | None) -> None:
         torch.Tensor.data = property(_DATA.__get__, _set_data)  # type: ignore[assignment]
         torch.nn.Parameter.__new__ = _param_new  # type: ignore[method-assign]
         torch.nn.Module.register_buffer = _register_buffer  # type: ignore[method-assign]
+        for mod, name, orig in _TRANSFORMS:
+            setattr(mod, name, _warns(orig))
     else:
+        for mod, name, orig in _TRANSFORMS:
+            setattr(mod, name, orig)
         if "data" in torch.Tensor.__dict__:
             del torch.Tensor.data
         torch.nn.Parameter.__new__ = _PARAM_NEW  # type: ignore[method-assign]
