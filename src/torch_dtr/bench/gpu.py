@@ -266,6 +266,9 @@ def report(res: dict) -> str:
                 f"| {r['label']} | {_mb(r.get('budget'))} | {_mb(alloc)} | {alloc / plain['max_allocated']:.0%} | "
                 f"{_mb(resv)} | {resv / alloc if resv else 0:.2f} | {ms} | {ratio} | {same} | "
                 f"{r.get('evictions', '-')} | {r.get('remats', '-')} | {note} |")
+        if not w.get("scale"):
+            lines.append("")
+            continue
         lines += ["", f"Largest batch under a cap of {_mb(w['cap'])} (multiples of the batch above, one step each):",
                   "", "| contender | largest batch | samples/s |", "| --- | ---: | ---: |"]
         lines += [f"| {s['label']} | {s['batch']} | {s['samples_s']:.1f} |" for s in w["scale"]]

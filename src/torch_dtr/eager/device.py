@@ -137,7 +137,10 @@ class CudaDevice(Device):
     def set_expandable(self, on: bool) -> bool | None:
         conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
         was = "expandable_segments:true" in conf.replace(" ", "").lower()
-        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{on}")
+        # torch >= 2.11 deprecates torch.cuda.memory._set_allocator_settings for the accelerator-generic call
+        setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+                  or torch.cuda.memory._set_allocator_settings)
+        setter(f"expandable_segments:{on}")
         return was
 
     def max_allocated(self) -> int:

@@ -1,0 +1,170 @@
+"""One short GPU session's checks, in priority order under a deadline: writes OUT/gpu-session.json.
+
+    PYTHONPATH=src python benchmarks/gpu_session.py OUT [--deadline 420] [--device cuda|sim] [--quick]
+
+A lent GPU comes with minutes, not hours, so this runs the contenders of ``torch-dtr bench --device cuda``
+(the same worker, one process per contender) in the order the open questions need them, and skips what the
+deadline leaves no room for: GPT-2 small at no budget, 50%, 30% of plain's peak and against checkpointing;
+the bench's other models at no budget (the per-op path's cost); the largest batch under a 16 GiB cap;
+torch.compile's memory budget. Results are saved after every run, in the bench's JSON form, so that
+``python benchmarks/gpu_session.py --render FILE`` writes docs/benchmarks-cuda.md from them here.
+``--device sim --quick`` runs the same plan on the CPU (to check the plumbing before a lease).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torch_dtr.bench import gpu, workloads
+
+
+def allocator_query_cost(device: str) -> dict:
+    """Microseconds per read of the allocator's counters (what a budgeted runtime pays every sync)."""
+    import torch
+
+    from torch_dtr.eager.device import CudaDevice
+
+    if device != "cuda":
+        return {}
+    d = CudaDevice()
+    x = torch.empty(1 << 20, device="cuda")
+    for _ in range(100):
+        d.usage()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        d.usage()
+    per = (time.perf_counter() - t0) / 2000
+    t0 = time.perf_counter()
+    for _ in range(200):
+        torch.cuda.memory_stats()
+    full = (time.perf_counter() - t0) / 200
+    del x
+    return {"usage_us": per * 1e6, "memory_stats_us": full * 1e6}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="?", default="out")
+    ap.add_argument("--deadline", type=float, default=420.0, help="seconds; runs that would start after it are skipped")
+    ap.add_argument("--device", choices=("cuda", "sim"), default="cuda")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cap", default="16GiB")
+    ap.add_argument("--render", default=None, help="write docs/benchmarks-cuda.md from a saved gpu-session.json")
+    a = ap.parse_args()
+    if a.render:
+        res = json.loads(Path(a.render).read_text())
+        text = gpu.report(res)
+        q = res.get("allocator_query") or {}
+        if q:
+            text += (f"\nOne read of the allocator's counters (`CudaDevice.usage`, the raw `_cuda_memoryStats`): "
+                     f"{q['usage_us']:.1f} us; `torch.cuda.memory_stats()`: {q['memory_stats_us']:.1f} us. A budgeted "
+                     "runtime reads them once every 64 managed ops (`sync_every`).\n")
+        if res.get("skipped"):
+            text += f"\nSkipped for the session's deadline: {', '.join(res['skipped'])}.\n"
+        text += f"\nThe raw results: `{a.render}`.\n"
+        Path("docs/benchmarks-cuda.md").write_text(text)
+        print("wrote docs/benchmarks-cuda.md")
+        return 0
+    from torch_dtr import parse_budget
+
+    t_start = time.perf_counter()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"date": datetime.date.today().isoformat(), "device": a.device,
+                           "machine": gpu._machine(a.device), "quick": a.quick, "workloads": {},
+                           "command": f"python benchmarks/gpu_session.py --deadline {a.deadline:.0f}"
+                                      + (" --quick" if a.quick else ""),
+                           "allocator_query": allocator_query_cost(a.device), "skipped": []}
+
+    def save() -> None:
+        res["wall_s"] = time.perf_counter() - t_start
+        (out / "gpu-session.json").write_text(json.dumps(res, indent=1))
+
+    def size_of(name: str) -> workloads.Size:
+        if a.quick:
+            return gpu.QUICK.get(name, workloads.SIZES[name]["quick"])
+        return workloads.SIZES[name]["full"]
+
+    def w_of(name: str) -> dict:
+        if name not in res["workloads"]:
+            res["workloads"][name] = {"description": workloads.describe(name, size_of(name)), "contenders": [],
+                                      "scale": [], "cap": parse_budget(a.cap) if a.device == "cuda" else 0}
+        return res["workloads"][name]
+
+    def run(name: str, spec: dict, steps: int = 3, size: workloads.Size | None = None) -> dict | None:
+        left = a.deadline - (time.perf_counter() - t_start)
+        if left < 20:
+            res["skipped"].append(f"{name}: {spec['label']}")
+            save()
+            return None
+        common = {"device": a.device, "workload": name, "size": (size or size_of(name)).__dict__,
+                  "warmup": 1, "steps": steps}
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {name}: {spec['label']}", flush=True)
+        r = gpu.spawn(common | spec, timeout=max(20.0, left))
+        plain = next((c for c in w_of(name)["contenders"] if c["kind"] == "plain"), None) if "kind" in r else None
+        r.setdefault("kind", spec["kind"])
+        if plain is not None and "losses" in r:
+            r["bitwise"] = r.get("losses") == plain.get("losses") and r.get("digest") == plain.get("digest")
+        elif spec["kind"] == "plain":
+            r["bitwise"] = True
+        print(f"    -> {json.dumps({k: v for k, v in r.items() if k != 'losses'})}", flush=True)
+        if size is None:
+            w_of(name)["contenders"].append(r)
+        save()
+        return r
+
+    # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
+    plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
+    if plain and "max_allocated" in plain and "error" not in plain:
+        free = run("gpt2-small", {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"}) or {}
+        floor, done = free.get("floor", 0), set()
+        for ratio in (0.5, 0.3):  # below 1.25x the single-op floor there is no room to recompute
+            b = max(int(plain["max_allocated"] * ratio), int(1.25 * floor))
+            if b in done or b >= plain["max_allocated"]:
+                continue
+            done.add(b)
+            run("gpt2-small", {"kind": "dtr", "budget": b, "label": f"torch-dtr {b / plain['max_allocated']:.0%}"
+                               + ("" if b == int(plain["max_allocated"] * ratio) else " (1.25x floor)")})
+        block = run("gpt2-small", {"kind": "ckpt_block", "label": "checkpoint every block"})
+        if block and "max_allocated" in block and "error" not in block:
+            run("gpt2-small", {"kind": "dtr", "budget": block["max_allocated"],
+                               "label": "torch-dtr at block checkpointing's memory"})
+    # 2. the per-op path on the bench's other models: no budget against plain
+    for name in ("gpt2", "lstm", "resnet50"):
+        p = run(name, {"kind": "plain", "label": "plain PyTorch"})
+        if p and "error" not in p:
+            run(name, {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"})
+    # 3. the largest batch of GPT-2 small under the cap
+    w = w_of("gpt2-small")
+    cap = w["cap"] or (plain or {}).get("max_reserved", 0)
+    w["cap"] = cap
+    base = size_of("gpt2-small")
+    for spec in ({"kind": "plain", "label": "plain PyTorch"},
+                 {"kind": "ckpt_block", "label": "checkpoint every block"},
+                 {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}):
+        best = None
+        for m in (1, 2, 4, 6, 8):
+            r = run("gpt2-small", spec | {"cap": cap, "label": f"{spec['label']} x{m}"}, steps=1,
+                    size=workloads.Size(**(base.__dict__ | {"batch": base.batch * m})))
+            if r is None or "error" in r:
+                break
+            best = r
+        w["scale"].append({"label": spec["label"], "batch": best["batch"] if best else 0,
+                           "samples_s": best["batch"] / best["step_s"] if best else 0.0})
+        save()
+    # 4. torch.compile's activation memory budget
+    if a.device == "cuda":
+        run("gpt2-small", {"kind": "compile", "mem_budget": 0.5, "label": "torch.compile budget 0.5"})
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
