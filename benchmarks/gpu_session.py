@@ -55,6 +55,8 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cap", default="16GiB")
+    ap.add_argument("--plan", choices=("first", "followup"), default="first",
+                    help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off")
     ap.add_argument("--render", default=None, help="write docs/benchmarks-cuda.md from a saved gpu-session.json")
     a = ap.parse_args()
     if a.render:
@@ -119,6 +121,8 @@ def main() -> int:
         save()
         return r
 
+    if a.plan == "followup":
+        return followup(a, run, save, out, t_start, res)
     # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
     plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
     if plain and "max_allocated" in plain and "error" not in plain:
@@ -161,6 +165,29 @@ def main() -> int:
     # 4. torch.compile's activation memory budget
     if a.device == "cuda":
         run("gpt2-small", {"kind": "compile", "mem_budget": 0.5, "label": "torch.compile budget 0.5"})
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
+    return 0
+
+
+def followup(a: Any, run: Any, save: Any, out: Path, t_start: float, res: dict) -> int:
+    """The per-op path on the device: plain, a do-nothing dispatch mode, torch-dtr with no budget (profiled:
+    the 40 functions of most own time, to OUT/profile-NAME.txt), and what expandable segments change."""
+    res["command"] = res["command"] + " --plan followup"
+    for name in ("gpt2", "lstm", "gpt2-small"):
+        p = run(name, {"kind": "plain", "label": "plain PyTorch"})
+        if p is None or "error" in p:
+            continue
+        run(name, {"kind": "noop", "label": "a do-nothing dispatch mode"})
+        if name != "gpt2-small":
+            run(name, {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"})
+        if name == "gpt2":  # the profiler's own cost inflates this run's time: read it for the shares
+            run(name, {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget (profiled: time inflated)",
+                       "profile": str(out / f"profile-{name}.txt")})
+        if name == "gpt2-small":
+            b = int(p["max_allocated"] * 0.5)
+            run(name, {"kind": "dtr", "budget": b, "label": "torch-dtr 50%"})
+            run(name, {"kind": "dtr", "budget": b, "expandable": False, "label": "torch-dtr 50%, expandable off"})
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
     return 0

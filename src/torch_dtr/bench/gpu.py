@@ -16,11 +16,15 @@ A worker is ``python -m torch_dtr.bench.gpu '<json spec>'``: progress on stderr,
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
 import datetime
 import hashlib
+import io
 import json
 import os
 import platform
+import pstats
 import statistics
 import subprocess
 import sys
@@ -87,12 +91,19 @@ def work(spec: dict) -> dict:
             # on CUDA enable() switches expandable segments on by default; the simulated device follows it
             torch_dtr.enable(budget=spec.get("budget"), device=sim,
                              expandable_segments=spec.get("expandable", True if sim is not None else None))
+            if cuda:
+                out["allocator_settings"] = _allocator_settings()
+        noop = _noop_mode() if kind == "noop" else contextlib.nullcontext()
+        prof = cProfile.Profile() if spec.get("profile") else None
         times, losses = [], []
         try:
             for i, b in enumerate(batches):
                 torch.manual_seed(100 + i)
+                if prof is not None and i == spec["warmup"]:
+                    prof.enable()
                 t0 = time.perf_counter()
-                loss = step(model, b)
+                with noop:
+                    loss = step(model, b)
                 sync()
                 dt = time.perf_counter() - t0
                 losses.append(float(torch_dtr.unwrap(loss)))
@@ -101,6 +112,11 @@ def work(spec: dict) -> dict:
                 print(f"    {spec['label']} (batch {size.batch}): step {i + 1}/{n} {dt:.3f} s", file=sys.stderr,
                       flush=True)
         finally:
+            if prof is not None:
+                prof.disable()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+                Path(spec["profile"]).write_text(text.getvalue())
             if kind == "dtr":
                 st = torch_dtr.stats()
                 torch_dtr.disable()
@@ -115,6 +131,25 @@ def work(spec: dict) -> dict:
         out |= {"max_allocated": sim.max_allocated(), "max_reserved": sim.peak_reserved}
         sim.__exit__(None, None, None)
     return out
+
+
+def _allocator_settings() -> str:
+    import torch
+
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    return get() if get is not None else "?"
+
+
+def _noop_mode() -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Noop(TorchDispatchMode):
+        """A do-nothing dispatch mode: what any Python mode costs per op, for the per-op path's ratio."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            return func(*args, **(kwargs or {}))
+
+    return Noop()
 
 
 # ---------------------------------------------------------------------------------------------- the runner
