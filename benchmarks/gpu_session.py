@@ -48,6 +48,39 @@ def allocator_query_cost(device: str) -> dict:
     return {"usage_us": per * 1e6, "memory_stats_us": full * 1e6}
 
 
+def _per_op(w: dict) -> str:
+    """The host cost per managed op, where a do-nothing mode and torch-dtr without a budget both ran."""
+    by = {c["label"]: c for c in w["contenders"] if c.get("step_s")}
+    plain, noop = by.get("plain PyTorch"), by.get("a do-nothing dispatch mode")
+    dtr = by.get("torch-dtr, no budget")
+    if not (plain and noop and dtr and dtr.get("ops")):
+        return ""
+    per_step = dtr["ops"] / 4  # one warm-up and three timed steps
+    mode = (noop["step_s"] - plain["step_s"]) / per_step * 1e6
+    ours = (dtr["step_s"] - plain["step_s"]) / per_step * 1e6
+    return (f"Per managed op ({per_step:.0f} a step): a do-nothing dispatch mode adds {mode:.1f} us, torch-dtr with no "
+            f"budget {ours:.1f} us ({ours / mode:.1f}x the mode's).\n")
+
+
+def _render(path: Path, i: int) -> str:
+    res = json.loads(path.read_text())
+    text = gpu.report(res)
+    if i:
+        text = text.replace("# torch-dtr on a GPU", "# Follow-up run on a GPU", 1)
+    for name, w in res["workloads"].items():
+        line = _per_op(w)
+        if line:
+            text = text.replace(f"## {name}\n", f"## {name}\n\n{line}", 1)
+    q = res.get("allocator_query") or {}
+    if q:
+        text += (f"\nOne read of the allocator's counters (`CudaDevice.usage`, the raw `_cuda_memoryStats`): "
+                 f"{q['usage_us']:.1f} us; `torch.cuda.memory_stats()`: {q['memory_stats_us']:.1f} us. A budgeted "
+                 "runtime reads them once every 64 managed ops (`sync_every`).\n")
+    if res.get("skipped"):
+        text += f"\nSkipped for the session's deadline: {', '.join(res['skipped'])}.\n"
+    return text + f"\nThe raw results: `{path}`.\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="out")
@@ -57,20 +90,13 @@ def main() -> int:
     ap.add_argument("--cap", default="16GiB")
     ap.add_argument("--plan", choices=("first", "followup"), default="first",
                     help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off")
-    ap.add_argument("--render", default=None, help="write docs/benchmarks-cuda.md from a saved gpu-session.json")
+    ap.add_argument("--render", nargs="+", default=None,
+                    help="write docs/benchmarks-cuda.md from saved gpu-session.json files, in order")
     a = ap.parse_args()
     if a.render:
-        res = json.loads(Path(a.render).read_text())
-        text = gpu.report(res)
-        q = res.get("allocator_query") or {}
-        if q:
-            text += (f"\nOne read of the allocator's counters (`CudaDevice.usage`, the raw `_cuda_memoryStats`): "
-                     f"{q['usage_us']:.1f} us; `torch.cuda.memory_stats()`: {q['memory_stats_us']:.1f} us. A budgeted "
-                     "runtime reads them once every 64 managed ops (`sync_every`).\n")
-        if res.get("skipped"):
-            text += f"\nSkipped for the session's deadline: {', '.join(res['skipped'])}.\n"
-        text += f"\nThe raw results: `{a.render}`.\n"
-        Path("docs/benchmarks-cuda.md").write_text(text)
+        notes = Path("docs/gpu/notes.md")
+        parts = ([notes.read_text()] if notes.exists() else []) + [_render(Path(f), i) for i, f in enumerate(a.render)]
+        Path("docs/benchmarks-cuda.md").write_text("\n".join(parts))
         print("wrote docs/benchmarks-cuda.md")
         return 0
     from torch_dtr import parse_budget
