@@ -1,6 +1,6 @@
 """Eviction-search time of two source trees, alternated in fresh processes (A B A B ...).
 
-    python benchmarks/search_ab.py OLD_TREE NEW_TREE [--rounds 3] [--live]
+    python benchmarks/experiments/search_ab.py OLD_TREE NEW_TREE [--rounds 3] [--live]
 
 Each round replays the shared LSTM log at 0.3 of its peak (``simulate``'s ``search_seconds``, the default
 policy) once with OLD_TREE/src first on the path and once with NEW_TREE/src; ``--live`` adds two training
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "dtr-logs"
+LOGS = Path(__file__).resolve().parents[3] / "shared" / "dtr-logs"
 
 SIM = """
 import sys

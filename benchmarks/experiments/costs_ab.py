@@ -1,6 +1,6 @@
 """Modelled vs measured recomputation costs on the tests' models: outcome and counters of repeated runs.
 
-    python benchmarks/costs_ab.py [--models tree_rnn mlp lstm_loop] [--fractions 0.3 0.4 0.5] [--runs 2]
+    python benchmarks/experiments/costs_ab.py [--models tree_rnn mlp lstm_loop] [--fractions 0.3 0.4 0.5] [--runs 2]
 
 Each model of ``tests/eager/models.py`` trains 3 steps with Adam (the equivalence tests' harness, one
 intra-op thread) at each fraction of its unconstrained peak, ``--runs`` times with ``costs="model"`` and as
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "eager"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "eager"))
 import harness  # noqa: E402
 import models  # noqa: E402
 import torch  # noqa: E402

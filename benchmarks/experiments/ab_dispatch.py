@@ -1,6 +1,6 @@
 """Per-op cost of two source trees, alternated in fresh processes (A B A B ...), for small programs.
 
-    python benchmarks/ab_dispatch.py OLD_TREE NEW_TREE [--rounds 3] [--demo-size]
+    python benchmarks/experiments/ab_dispatch.py OLD_TREE NEW_TREE [--rounds 3] [--demo-size]
 
 Each round runs ``benchmarks/dispatch.py``'s measurement (plain, no-op mode, no budget, budget above the
 peak, interleaved, 9 repeats) on the small elementwise chain, the small GPT-2 and the small LSTM, once

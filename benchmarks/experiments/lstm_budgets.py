@@ -1,6 +1,6 @@
 """The bench's LSTM loop at a smaller size, in one process: which budgets train, at what cost.
 
-    python benchmarks/lstm_budgets.py [--width 384] [--seq 48] [--banish 0] [--ratios 0.6 0.55 0.5]
+    python benchmarks/experiments/lstm_budgets.py [--width 384] [--seq 48] [--banish 0] [--ratios 0.6 0.55 0.5]
 
 Builds ``torch_dtr.bench.workloads``' LSTM loop (batch 32) and trains 3 steps plainly, then 3 steps under
 torch-dtr without a budget (its tracked peak), then 3 steps at each ratio of that peak, printing the step
