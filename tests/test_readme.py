@@ -1,0 +1,50 @@
+"""The README and the docs stay honest: the README's Python blocks run as written (the quick start at its
+tiny size; a block for CUDA where there is one), and every relative link in README.md, benchmarks/README.md
+and docs/*.md names a file that exists."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_readme_has_python_blocks() -> None:
+    assert len(BLOCKS) >= 2, "the quick start and the GPU block"
+
+
+@pytest.mark.parametrize("i", range(len(BLOCKS)))
+def test_readme_python_block_runs(i: int) -> None:
+    # the blocks run in one process, in order, as a reader pastes them; each block must end with the session
+    # disabled. A block that uses CUDA runs its CUDA part only where CUDA is (it is guarded by is_available)
+    code = "\n".join(BLOCKS[: i + 1]).replace("    ...", "    pass")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       check=False)
+    assert p.returncode == 0, f"README block {i + 1} failed:\n{BLOCKS[i]}\n{p.stderr[-2000:]}"
+    if "cuda" in BLOCKS[i] and not torch.cuda.is_available():
+        pytest.skip("ran; its CUDA part needs a CUDA device")
+
+
+def _links(path: Path) -> list[str]:
+    text = path.read_text()
+    return [m for m in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", m) and not m.startswith("#")]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_relative_links_resolve(path: Path) -> None:
+    broken = [link for link in _links(path) if not (path.parent / link.split("#")[0]).exists()]
+    assert not broken, f"{path.relative_to(ROOT)} links to files that do not exist: {broken}"
+
+
+def test_readme_is_short_and_has_no_history() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) < 8192, f"README.md is {len(text.encode())} bytes; keep it under 8 KB"
+    assert not re.search(r"\bissue \d+", text, re.I), "issue numbers belong in the issue tracker"
