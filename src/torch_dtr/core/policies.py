@@ -24,14 +24,14 @@ The policies:
   NOTE [ Lifetimes ] 3's exception; e.g.
   the tree RNN at 0.3: thrash vs 1.25; ``benchmarks/policy_grid.py``), and no variant tried (without the path or
   the length term, thresholds on the length, switching by memory pressure) was never worse while keeping
-  its wins (docs/design.md, The default policy). Live, the tests' models' smallest feasible budgets
+  its wins (docs/decisions.md, The default policy). Live, the tests' models' smallest feasible budgets
   differ by at most 2 points of the peak between the two. So the default is h_DTR^eq again;
 - ``dtr_comp`` (the default since 2026-11-25, afternoon): h_DTR's formula with exact evicted neighbourhoods
   kept incrementally (the ``"comp"`` tracker, NOTE [ Exact components ]): ``dtr``'s choices (the same
   recomputations on the bench's three workloads) at ``dtr_eq``'s search cost. Live it recomputes less than
   ``dtr_eq`` on GPT-2, ResNet-50 and the LSTM loop (``benchmarks/policy_live.py``) and lowers the tests'
   models' smallest budgets (LSTM loop 53% -> 45% of its peak); replaying 26 logs at 0.2-0.9 it is better in 6
-  cells and worse in 2 (docs/design.md, The default policy, again);
+  cells and worse in 2 (docs/decisions.md, The default policy, again);
 - ``lru``: ``1 / staleness``; ``size``: ``1 / nbytes``;
 - ``msps``: ``(cost + extra) / nbytes`` with ``"ancestors"`` (Chen et al.'s MSPS, as in the DTR paper).
 

@@ -55,7 +55,7 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    output has been brought back (the next eviction takes it before asking the policy: ``_settled``).
 #    Replaying 26 recorded and shared logs at 0.2-0.9 of their peaks: 35 cells better, 2 worse (by
 #    under 1%); the simulator's recorded MLP at 0.7 from 1.855 to 1.265 (the ILP's optimum: 1.201).
-#    docs/design.md, Handle-less inputs of awaited values.
+#    docs/decisions.md, Handle-less inputs of awaited values.
 # 4. So nothing accumulates across iterations: when an iteration's tensors die, every storage they
 #    produced is released and tracked bytes return to the constants.
 # 5. A recipe whose every live output is pinned (a value the program unwrapped, a value kept when a constant
@@ -80,7 +80,7 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    died but whose readers live) were brought back only to feed the recipes above them. When the whole
 #    rematerialization is done, those whose every reader's outputs are resident again are dropped at once
 #    (as NOTE [ Lifetimes ] 3). One with a reader still evicted stays, to the policy.
-# Why each rule is there, with the measurements: docs/design.md (Rematerialization).
+# Why each rule is there, with the measurements: docs/decisions.md (Rematerialization: the stack).
 
 # NOTE [ Planned rematerialization ]
 #
@@ -106,7 +106,7 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    fits, the runtime evicts the planned value whose next read is furthest ahead in the plan (Belady's
 #    rule; the larger on a tie), not the policy's choice among all: staleness says nothing about a plan's
 #    order, and the policy's picks were read again a few steps later (the tests' MLP: smallest feasible
-#    budget 33% -> 28% of its peak, tree RNN 23% -> 21%; docs/design.md). A plan that runs more than
+#    budget 33% -> 28% of its peak, tree RNN 23% -> 21%; docs/decisions.md). A plan that runs more than
 #    4 x (its first length + 8) recomputations gives up with ``BudgetError`` (``_raise_undone``) instead
 #    of thrashing.
 # 5. Why held first: unheld, the policy may evict a stale input of the op in flight to recompute another,

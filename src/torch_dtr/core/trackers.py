@@ -272,7 +272,7 @@ class Ancestors(Tracker):
 #    pass most evicted values sit in one merged set, every candidate next to it looks as expensive, and
 #    staleness alone decides. The exact walk of h_DTR tells them apart but walks the component for every
 #    candidate: on the bench's LSTM loop at 50% of its peak the search took 6.2 s per step instead of 0.17 s
-#    (docs/design.md, Union-find against exact neighbourhoods).
+#    (docs/decisions.md, Union-find against exact neighbourhoods).
 # 2. ``Components`` keeps the exact components instead: an eviction merges the components next to the
 #    evicted storage (the smaller relabelled into the largest); a rematerialization (or release) removes
 #    the storage and, if two or more of its evicted neighbours were in its component, walks from each of
