@@ -22,7 +22,7 @@ from .constants import Constants
 from .costs import model_cost
 from .device import GRANULE, CudaDevice, CudaTimer, Device, OutOfMemory
 from .funcinfo import FuncInfo, info
-from .mathkeys import complex_args, math_keys
+from .mathkeys import math_keys
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, version
 from .rng import RngState
 from .sizes import Sizes, trim
@@ -85,22 +85,26 @@ _EMPTY: frozenset[int] = frozenset()
 _STRIDED = torch.strided
 
 
-def _classify(xs: Any) -> int:
-    """2 if a managed tensor is among ``xs`` (one level of lists), 1 if a tensor that requires grad, else 0."""
-    r = 0
+_MANAGED, _GRAD, _COMPLEX = 2, 1, 4
+
+
+def _kinds(xs: Any) -> int:
+    """What the arguments ``xs`` hold (one level of lists), as bits: ``_MANAGED`` a managed tensor, ``_GRAD`` a
+    tensor that requires grad, ``_COMPLEX`` a complex tensor (NOTE [ Conjugate and negative keys ])."""
+    k = 0
     for a in xs:
         t = type(a)
         if t is DTRTensor:
-            return 2
-        if t is list or t is tuple:
+            k |= _MANAGED | (_COMPLEX if a.dtype.is_complex else 0)
+        elif t is list or t is tuple:
             for b in a:
                 if type(b) is DTRTensor:
-                    return 2
-                if r == 0 and isinstance(b, torch.Tensor) and b.requires_grad:
-                    r = 1
-        elif r == 0 and isinstance(a, torch.Tensor) and a.requires_grad:
-            r = 1
-    return r
+                    k |= _MANAGED | (_COMPLEX if b.dtype.is_complex else 0)
+                elif isinstance(b, torch.Tensor):
+                    k |= (_GRAD if b.requires_grad else 0) | (_COMPLEX if b.dtype.is_complex else 0)
+        elif isinstance(a, torch.Tensor):
+            k |= (_GRAD if a.requires_grad else 0) | (_COMPLEX if a.dtype.is_complex else 0)
+    return k
 
 
 def _has_tensor(args: tuple, kwargs: dict) -> bool:
@@ -358,9 +362,9 @@ class Front:
         t0 = time.perf_counter()
         if on_cuda:
             start = self.timer.start() if self.timer is not None else None
-            out = self.oom(lambda: fi.func(*pargs, **pkwargs), need, rng)  # type: ignore[misc]
+            out = self.oom(lambda: fi.op(*pargs, **pkwargs), need, rng)  # type: ignore[misc]
             return out, time.perf_counter() - t0, start
-        out = fi.func(*pargs, **pkwargs)
+        out = fi.op(*pargs, **pkwargs)
         return out, time.perf_counter() - t0, None
 
     @staticmethod
@@ -524,9 +528,16 @@ class Front:
                 err = e
 
     def plain_write(self, fi: FuncInfo, args: tuple, kwargs: dict) -> None:
-        """An unmanaged op (the mode's plain path) is about to write its arguments in place."""
-        with self.entered():
-            self.before_write(_writes(fi, args, kwargs), fi.name)
+        """An unmanaged op (the mode's plain path) is about to write its arguments in place (``entered``,
+        inlined: an optimizer's step makes many)."""
+        with self.lock:
+            was_busy, self.busy = self.busy, True
+            try:
+                if self.pending:
+                    self.drain()
+                self.before_write(_writes(fi, args, kwargs), fi.name)
+            finally:
+                self.busy = was_busy
 
     # ------------------------------------------------------------------ running ops the mode did not see
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -605,19 +616,19 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if _compiling():  # NOTE [ Compiled regions ]: dynamo traces through the mode; step aside
+        if _compiler._is_compiling_flag:  # NOTE [ Compiled regions ]: dynamo traces through the mode; step aside
             _compiled_region_seen()
             return func(*args, **kwargs)
-        if complex_args(args, kwargs):  # NOTE [ Conjugate and negative keys ]
+        k = _kinds(args)
+        if kwargs:
+            k |= _kinds(kwargs.values())
+        if k & _COMPLEX:  # NOTE [ Conjugate and negative keys ]
             with math_keys():
-                return self._dispatch(func, args, kwargs)
-        return self._dispatch(func, args, kwargs)
+                return self._dispatch(func, args, kwargs, k)
+        return self._dispatch(func, args, kwargs, k)
 
-    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        c = _classify(args)
-        if c != 2 and kwargs:
-            c = max(c, _classify(kwargs.values()))
-        if c == 2 or (c == 1 and torch.is_grad_enabled()):
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict, k: int) -> Any:
+        if k & _MANAGED or (k & _GRAD and torch.is_grad_enabled()):
             return self.front.run(func, args, kwargs)
         front = self.front
         # NOTE [ Managed vs constant ] 5: inference
@@ -649,7 +660,17 @@ class ThreadMode(_Mode):
         return _Mode.__torch_dispatch__(self, func, types, args, kwargs)
 
 
-_compiling = torch.compiler.is_compiling
+class _AskCompiler:
+    """For a torch without ``torch.compiler._is_compiling_flag``: ask ``is_compiling()``."""
+
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return torch.compiler.is_compiling()
+
+
+# torch.compiler.is_compiling() returns this flag outside TorchScript (which never reaches a dispatch mode);
+# read directly, it costs no call on every op
+_compiler: Any = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else _AskCompiler()
 
 
 def _compiled_region_seen() -> None:

@@ -26,6 +26,7 @@ _RESTRIDE = {"t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "swapd
 class FuncInfo:
     """Schema facts about one OpOverload.
 
+    - ``op``: the operator's C++ callable, for the per-op path (``func`` itself adds a Python frame).
     - ``returns[i]``: ``None`` for a fresh output, else ``(arg_pos, arg_name, writes)``: output ``i``
       aliases that argument, and ``writes`` says the op wrote it in place (``add_``, ``out=``).
     - ``mutated``: ``(arg_pos, arg_name)`` of every argument the schema marks as written.
@@ -41,13 +42,14 @@ class FuncInfo:
       see NOTE [ In-place mutation ] 6.
     """
 
-    __slots__ = ("func", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
+    __slots__ = ("func", "op", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
                  "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
                  "stats", "learns_size", "nested")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
         self.func = func
+        self.op = func._op  # the C++ callable (``func(...)`` is a Python call that makes this one)
         self.name = str(func)
         args = schema.arguments
         self.arg_names = tuple(a.name for a in args)

@@ -81,7 +81,8 @@ class Cell:
         try:
             front = self.front
             front.pending.append(self.storage)
-            front.drain_if_idle()
+            if not front.busy:  # else the runtime drains it at its next op (drain_if_idle would not either)
+                front.drain_if_idle()
         except Exception:  # interpreter shutdown
             pass
 
