@@ -41,8 +41,12 @@ Key = tuple[int, int]
 def key_of(t: torch.Tensor) -> Key | None:
     if t.device.type == "meta" or t.layout != _STRIDED:
         return None
-    st = t.untyped_storage()
-    return st.data_ptr(), st.nbytes()
+    try:
+        st = t.untyped_storage()
+        n = st.nbytes()
+        return (st.data_ptr(), n) if n else None  # an empty storage (a freed FSDP2 parameter) holds nothing
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage of its own (DTensor)
+        return None
 
 
 class Constants:
@@ -122,6 +126,18 @@ class Constants:
         if entry is not None and entry[0]() is c:
             self.retired[id(entry[0])] = entry[0]
             self._uncount(entry[1])
+
+    def release(self, tensors: Iterable[torch.Tensor]) -> None:
+        """The storages of ``tensors`` are about to be freed in place (FSDP2's reshard, NOTE [ Resharded
+        parameters ] 3): stop counting them for every tensor seen on them; a later read counts them again."""
+        keys = {k for k in (key_of(t) for t in tensors) if k is not None}
+        if not keys:
+            return
+        for ident, (wr, key) in list(self.ids.items()):
+            if key in keys:
+                del self.ids[ident]
+                self.retired[id(wr)] = wr
+                self._uncount(key)
 
     # ------------------------------------------------------------------ readers (NOTE [ Changed constants ])
     def read_by(self, op: Op, consts: Iterable[torch.Tensor]) -> None:

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..core import Op, Runtime, Storage
 from ..core.policies import Policy
+from . import fsdp
 from .constants import Constants
 from .costs import model_cost
 from .device import GRANULE, CudaDevice, CudaTimer, Device, OutOfMemory
@@ -527,6 +528,12 @@ class Front:
             except torch.OutOfMemoryError as e:
                 err = e
 
+    def resharding(self, tensors: list[torch.Tensor]) -> None:
+        """FSDP2 is about to free these unsharded parameters' storages (NOTE [ Resharded parameters ])."""
+        with self.entered():
+            self.before_write(tensors, "FSDP's reshard")
+            self.consts.release(tensors)
+
     def plain_write(self, fi: FuncInfo, args: tuple, kwargs: dict) -> None:
         """An unmanaged op (the mode's plain path) is about to write its arguments in place (``entered``,
         inlined: an optimizer's step makes many)."""
@@ -758,13 +765,23 @@ def set_active(front: Front | None) -> None:
         torch.nn.Module.register_buffer = _register_buffer  # type: ignore[method-assign]
         for mod, name, orig in _TRANSFORMS:
             setattr(mod, name, _warns(orig))
+        global _UNWRAP_FSDP
+        _UNWRAP_FSDP = fsdp.wrap(active)  # NOTE [ Resharded parameters ]
     else:
         for mod, name, orig in _TRANSFORMS:
             setattr(mod, name, orig)
+        _UNWRAP_FSDP()
         if "data" in torch.Tensor.__dict__:
             del torch.Tensor.data
         torch.nn.Parameter.__new__ = _PARAM_NEW  # type: ignore[method-assign]
         torch.nn.Module.register_buffer = _REGISTER_BUFFER  # type: ignore[method-assign]
+
+
+def _nothing() -> None:
+    return None
+
+
+_UNWRAP_FSDP: Any = _nothing  # undoes fsdp.wrap while enabled
 
 
 # NOTE [ Managed vs constant ] 6: a value made under no_grad (managed: rule 5) that becomes a parameter or a

@@ -1,0 +1,47 @@
+"""FSDP2 (``fully_shard``): parameters that are freed and gathered again around every use.
+
+# NOTE [ Resharded parameters ]
+#
+# 1. FSDP2 all-gathers a module's parameters into plain tensors before its forward (and its backward) and
+#    frees them after, by resizing their storages to 0 bytes (``FSDPParam.free_unsharded_param``), not by
+#    an op a dispatch mode sees. A recipe that read an unsharded parameter cannot run once it is freed: a
+#    recomputation would read an empty storage. And gathering it again is a collective, which one rank must
+#    never run alone.
+# 2. So a reshard is a write to a constant (NOTE [ Changed constants ]): just before FSDP frees the storages,
+#    the recipes that read them are invalidated, and what they computed that is still needed is brought back
+#    if evicted (the parameters are still there) and pinned. Values computed from those values stay
+#    evictable: chains of recomputation stop at each layer's outputs of its parameter ops (matmuls, norms).
+# 3. Freed storages leave the constants' count at once, so unsharded parameters count against the budget
+#    only while they are unsharded; the next managed op that reads one again counts it again.
+# 4. While enabled, ``FSDPParam.free_unsharded_param`` is wrapped, where FSDP2 was imported before
+#    ``enable()`` (it is, when ``fully_shard`` was called first). The sharded parameters themselves are
+#    DTensors: wrapper subclasses without storage of their own, never counted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param"
+
+
+def wrap(active: Callable[[], Any]) -> Callable[[], None]:
+    """Wrap FSDP2's free of unsharded parameters to tell ``active()`` (the enabled front end) first; returns
+    the undo. Nothing to do where FSDP2 is not imported."""
+    mod = sys.modules.get(_MODULE)
+    cls = getattr(mod, "FSDPParam", None)
+    orig = getattr(cls, "free_unsharded_param", None)
+    if orig is None:
+        return lambda: None
+
+    def free_unsharded_param(self: Any) -> None:
+        front = active()
+        if front is not None:
+            tensors = [*getattr(self, "all_gather_outputs", ()), *getattr(self, "_unsharded_inner_tensors", ())]
+            front.resharding([t for t in tensors if t.untyped_storage().nbytes()])
+        orig(self)
+
+    cls.free_unsharded_param = free_unsharded_param  # type: ignore[union-attr]
+    return lambda: setattr(cls, "free_unsharded_param", orig)
