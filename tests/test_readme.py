@@ -48,3 +48,10 @@ def test_readme_is_short_and_has_no_history() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) < 8192, f"README.md is {len(text.encode())} bytes; keep it under 8 KB"
     assert not re.search(r"\bissue \d+", text, re.I), "issue numbers belong in the issue tracker"
+
+
+def test_design_doc_is_short_and_has_no_history() -> None:
+    text = (ROOT / "docs" / "design.md").read_text()
+    assert len(text.encode()) < 20_000, f"docs/design.md is {len(text.encode())} bytes; keep it under 20 KB"
+    assert not re.search(r"\bissue \d+", text, re.I), "issue numbers belong in the issue tracker"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "dated history belongs in docs/decisions.md"
