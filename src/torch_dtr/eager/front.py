@@ -50,6 +50,11 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 # 6. A managed value that becomes a parameter (``nn.Parameter(t)``) or a buffer (``register_buffer``) while
 #    enabled, as weight norm's parametrization makes them under no_grad, becomes its plain value (pinned):
 #    parameters and buffers are constants. ``enable()`` wraps both for the session.
+# 7. Tensor subclasses that run each op on inner tensors of their own (DTensor, the collectives'
+#    AsyncCollectiveTensor) go first: the mode returns NotImplemented for an op with one among its arguments,
+#    and sees the ops they run on their local tensors, which it manages as any other. Their own outputs (a
+#    wrapper without storage) stay unmanaged. A collective's output is never replayed (its op is not aten's:
+#    FuncInfo.replayable), so no rank recomputes one alone.
 #
 # NOTE [ Threads ]
 #
@@ -84,9 +89,13 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 _ACTIVE: Front | None = None  # the enabled front end, if any
 _EMPTY: frozenset[int] = frozenset()
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
 
 
-_MANAGED, _GRAD, _COMPLEX = 2, 1, 4
+_MANAGED, _GRAD, _COMPLEX, _FOREIGN = 2, 1, 4, 8
+# tensor subclasses that run their ops on inner tensors of their own (DTensor): the mode lets them go first
+# (NOTE [ Managed vs constant ] 7); filled at enable() from the modules already imported
+_FOREIGN_TYPES: set[type] = set()
 
 
 def _kinds(xs: Any) -> int:
@@ -103,8 +112,12 @@ def _kinds(xs: Any) -> int:
                     k |= _MANAGED | (_COMPLEX if b.dtype.is_complex else 0)
                 elif isinstance(b, torch.Tensor):
                     k |= (_GRAD if b.requires_grad else 0) | (_COMPLEX if b.dtype.is_complex else 0)
+                    if type(b) in _FOREIGN_TYPES:
+                        k |= _FOREIGN
         elif isinstance(a, torch.Tensor):
             k |= (_GRAD if a.requires_grad else 0) | (_COMPLEX if a.dtype.is_complex else 0)
+            if t in _FOREIGN_TYPES:
+                k |= _FOREIGN
     return k
 
 
@@ -373,7 +386,8 @@ class Front:
         """Indices of the outputs with storage of their own, and outputs that alias an input unannounced."""
         rets = fi.returns
         # sparse, nested and other storage-less layouts stay plain: computed eagerly, never evicted (not counted)
-        fresh = [i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is None
+        # (and wrapper subclasses such as the collectives' AsyncCollectiveTensor: no storage of their own)
+        fresh = [i for i, o in enumerate(flat) if type(o) is _TENSOR and rets[min(i, len(rets) - 1)] is None
                  and o.layout == _STRIDED and not o.is_nested]
         if fi.view_unannotated and fresh:  # an unannotated alias of an input: treat it as a view
             ptrs = {r.storage.payload.untyped_storage().data_ptr(): r for r in refs}
@@ -629,6 +643,8 @@ class _Mode(TorchDispatchMode):
         k = _kinds(args)
         if kwargs:
             k |= _kinds(kwargs.values())
+        if k & _FOREIGN:  # NOTE [ Managed vs constant ] 7: DTensor runs the op on its local tensors, which we see
+            return NotImplemented
         if k & _COMPLEX:  # NOTE [ Conjugate and negative keys ]
             with math_keys():
                 return self._dispatch(func, args, kwargs, k)
@@ -767,6 +783,7 @@ def set_active(front: Front | None) -> None:
             setattr(mod, name, _warns(orig))
         global _UNWRAP_FSDP
         _UNWRAP_FSDP = fsdp.wrap(active)  # NOTE [ Resharded parameters ]
+        _FOREIGN_TYPES.update(fsdp.foreign_types())
     else:
         for mod, name, orig in _TRANSFORMS:
             setattr(mod, name, orig)

@@ -45,3 +45,15 @@ def wrap(active: Callable[[], Any]) -> Callable[[], None]:
 
     cls.free_unsharded_param = free_unsharded_param  # type: ignore[union-attr]
     return lambda: setattr(cls, "free_unsharded_param", orig)
+
+
+def foreign_types() -> set[type]:
+    """Tensor subclasses that dispatch their ops to inner tensors (NOTE [ Managed vs constant ] 7), among the
+    modules already imported: DTensor and the collectives' async wrapper."""
+    found: set[type] = set()
+    for mod, name in (("torch.distributed.tensor", "DTensor"),
+                      ("torch.distributed._functional_collectives", "AsyncCollectiveTensor")):
+        cls = getattr(sys.modules.get(mod), name, None)
+        if isinstance(cls, type):
+            found.add(cls)
+    return found

@@ -1,8 +1,9 @@
-"""Two CPU ranks (gloo) train a small MLP under FSDP2 (``fully_shard`` per layer, then the whole model), with
-or without torch-dtr; prints one JSON line: per rank, the losses, a digest of the local parameter shards
-and torch-dtr's counters. Used by test_fsdp.py, which runs it in a subprocess with a timeout (a hang fails).
+"""Two CPU ranks (gloo) train a small MLP, with or without torch-dtr, under one of: FSDP2 (``fully_shard``
+per layer, then the whole model), DDP, or tensor parallelism (``parallelize_module``, column- then row-wise);
+prints one JSON line: per rank, the losses, a digest of the rank's parameters (local shards) and torch-dtr's
+counters. Used by test_distributed.py, which runs it in a subprocess with a timeout (a hang fails).
 
-    python tests/eager/fsdp_worker.py plain|dtr [BUDGET_BYTES]
+    python tests/eager/dist_worker.py fsdp|ddp|tp plain|dtr [BUDGET_BYTES]
 """
 
 from __future__ import annotations
@@ -20,19 +21,45 @@ import torch.multiprocessing as mp
 WORLD, WIDTH, DEPTH, BATCH, STEPS = 2, 64, 6, 512, 3
 
 
-def rank_main(rank: int, port: int, mode: str, budget: int | None, q: mp.Queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    from torch.distributed.fsdp import fully_shard
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = torch.nn.Linear(4 * WIDTH, WIDTH)
 
-    import torch_dtr
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)))
 
+
+def _model(program: str) -> torch.nn.Module:
     torch.manual_seed(0)
+    if program == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (WORLD,))
+        model = torch.nn.Sequential(*[_Block() for _ in range(DEPTH // 2)])
+        for m in model:
+            parallelize_module(m, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        return model
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())
                                   for _ in range(DEPTH)])
+    if program == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
     for m in model:
         fully_shard(m)
     fully_shard(model)
+    return model
+
+
+def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None, q: mp.Queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    import torch_dtr
+
+    model = _model(program)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH)
@@ -66,14 +93,14 @@ def rank_main(rank: int, port: int, mode: str, budget: int | None, q: mp.Queue) 
 
 
 def main() -> None:
-    mode = sys.argv[1]
-    budget = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    program, mode = sys.argv[1], sys.argv[2]
+    budget = int(sys.argv[3]) if len(sys.argv) > 3 else None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, port, mode, budget, q)) for r in range(WORLD)]
+    procs = [ctx.Process(target=rank_main, args=(r, port, program, mode, budget, q)) for r in range(WORLD)]
     for p in procs:
         p.start()
     results = sorted((q.get(timeout=240) for _ in procs), key=lambda r: r["rank"])
