@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..core import Op, Runtime
 from .tensor import DTRTensor
@@ -35,11 +36,14 @@ from .tensor import DTRTensor
 #    ``v`` becomes a pinned storage). Either way, readers of the old value are invalidated first.
 
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
 Key = tuple[int, int]
 
 
 def key_of(t: torch.Tensor) -> Key | None:
     if t.device.type == "meta" or t.layout != _STRIDED:
+        return None
+    if type(t) is not _TENSOR and isinstance(t, FakeTensor):  # DTensor's sharding propagation: no memory
         return None
     try:
         st = t.untyped_storage()
