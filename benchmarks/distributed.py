@@ -164,7 +164,8 @@ def main() -> int:
                      f" | {ev} | {rm} | {err} |")
     lines += ["", "FSDP2's reshards pin what each layer computed from its parameters (NOTE [ Resharded parameters ]) "
               "and collectives' outputs are never recomputed, so under FSDP2 and tensor parallelism torch-dtr can "
-              "evict only what lies between them.", ""]
+              "evict only what lies between them. Two ranks share two cores here: step times move by about 10% "
+              "between runs (torch-dtr below plain is that noise); read the memory column.", ""]
     path = Path(a.out) / "distributed.md"
     path.write_text("\n".join(lines))
     (Path(a.out) / "distributed.json").write_text(json.dumps(rows))
