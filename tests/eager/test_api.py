@@ -84,3 +84,24 @@ def test_budget_scope_whose_entry_fails_leaves_the_old_budget():
         assert torch.equal(torch_dtr.unwrap(y), w.detach() * 2)
     finally:
         torch_dtr.disable()
+
+
+def test_after_disable_every_held_value_reads_even_when_the_old_budget_could_not_hold_them_all():
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    budget = 6 * 256 * 256 * 4  # six of the twenty values the program holds
+    torch_dtr.enable(budget=budget)
+    xs, y = [], w
+    for _ in range(20):
+        y = torch.tanh(y @ w)
+        xs.append(y)
+    assert torch_dtr.stats().evictions > 0
+    torch_dtr.disable()
+    got = [x.detach().clone() for x in xs]  # each read pins its value: 20 of them no longer fit the budget
+    with torch.no_grad():
+        y, want = w, []
+        for _ in range(20):
+            y = torch.tanh(y @ w)
+            want.append(y)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch_dtr.stats().budget_bytes == budget, "stats() still reports the ended session's budget"

@@ -179,6 +179,7 @@ class Front:
         self.warned_compile = False  # NOTE [ Compiled regions ] 2
         self.warned_func = False  # NOTE [ Compiled regions ] 3
         self.stepping = False  # inside an optimizer's step() (NOTE [ Managed vs constant ] 5)
+        self.closed = False  # disable() ended the session: values are read without a budget
         self._step_hooks = (register_optimizer_step_pre_hook(self._step_begins),
                             register_optimizer_step_post_hook(self._step_ends))
 
@@ -581,7 +582,17 @@ class Front:
         with self.entered():
             s = cell.current()
             if not s.resident:
-                self.rt.rematerialize(s)
+                rt = self.rt
+                if self.closed and rt.budget is not None:
+                    # after disable(): the session keeps no budget any more, and reading what the program
+                    # still holds must not fail for it (stats() still reports the session's budget)
+                    kept, rt.budget = rt.budget, None
+                    try:
+                        rt.rematerialize(s)
+                    finally:
+                        rt.budget = kept
+                else:
+                    rt.rematerialize(s)
             return view_of(s.payload, cell.geom)
 
     def peek(self, cell: Cell) -> torch.Tensor:
@@ -615,6 +626,7 @@ class Front:
         self.stepping = False
 
     def close(self) -> None:
+        self.closed = True
         for t in self.tenants.values():
             t.active = False
             t.close()
