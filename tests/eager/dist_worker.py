@@ -1,9 +1,10 @@
 """Two CPU ranks (gloo) train a small MLP, with or without torch-dtr, under one of: FSDP2 (``fully_shard``
-per layer, then the whole model), DDP, or tensor parallelism (``parallelize_module``, column- then row-wise);
-prints one JSON line: per rank, the losses, a digest of the rank's parameters (local shards) and torch-dtr's
-counters. Used by test_distributed.py, which runs it in a subprocess with a timeout (a hang fails).
+per layer, then the whole model; ``fsdp_keep``: with ``reshard_after_forward=False``), DDP, or tensor
+parallelism (``parallelize_module``, column- then row-wise). Prints one JSON line: per rank, the losses, a
+digest of the rank's parameters (local shards) and torch-dtr's counters. Used by test_distributed.py, which
+runs it in a subprocess with a timeout (a hang fails).
 
-    python tests/eager/dist_worker.py fsdp|ddp|tp plain|dtr [BUDGET_BYTES]
+    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr [BUDGET_BYTES]
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def _model(program: str) -> torch.nn.Module:
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
 
+    keep = program == "fsdp_keep"  # parameters stay unsharded from forward to backward: recipes stay valid
     for m in model:
-        fully_shard(m)
-    fully_shard(model)
+        fully_shard(m, reshard_after_forward=not keep)
+    fully_shard(model, reshard_after_forward=not keep)
     return model
 
 

@@ -47,3 +47,18 @@ def test_bitwise_plain_without_and_with_a_budget_held_on_every_rank(program: str
     _same(plain, ours)
     for r in ours:
         assert r["peak"] <= budget and r["evictions"] > 0, r
+
+
+def test_fsdp2_keeping_parameters_unsharded_until_backward_trains_at_half_its_peak() -> None:
+    # reshard_after_forward=False: no reshard between a layer's forward and its backward, so nothing is pinned
+    # for it (NOTE [ Resharded parameters ] 5) and the budget can go far below the peak
+    plain = _run("fsdp_keep", "plain")
+    free = _run("fsdp_keep", "dtr")
+    _same(plain, free)
+    floor, peak = max(r["floor"] for r in free), min(r["peak"] for r in free)
+    budget = max(peak // 2, int(1.25 * floor))
+    assert budget < 0.55 * peak, (budget, floor, peak)
+    ours = _run("fsdp_keep", "dtr", budget)
+    _same(plain, ours)
+    for r in ours:
+        assert r["peak"] <= budget and r["remats"] > 0, r
