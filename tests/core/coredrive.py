@@ -128,7 +128,7 @@ def full_check(rt: Runtime) -> None:
     if rt.policy.extra == "uf":
         roots: dict[int, tuple[Any, float]] = {}
         for s in rt.live:
-            if not s.resident and s.forward is None:  # evicted (not an in-place write's old version)
+            if not s.resident and s.forward is None and s.host is None:  # evicted (not an old version, not swapped)
                 assert uf(s) is not None, f"evicted {s} has no union-find node under {rt.policy.name}"
                 r = uf(s).find()
                 roots[id(r)] = (r, roots.get(id(r), (r, 0.0))[1] + s.cost)
@@ -143,9 +143,9 @@ def _check_components(rt: Runtime) -> None:
     """The ``"comp"`` tracker's components are exactly the connected sets of evicted storages it tracks."""
     tracked = [s for s in rt.live if isinstance(s.aux, Component)]
     for s in rt.live:
-        if not s.resident and s.forward is None:
+        if not s.resident and s.forward is None and s.host is None:
             assert isinstance(s.aux, Component), f"evicted {s} is in no component"
-        if s.resident:
+        if s.resident or s.host is not None:  # swapped: never tracked (NOTE [ Swapping ] 3)
             assert s.aux is None, f"resident {s} is still in a component"
     done: set[int] = set()
     for s in tracked:

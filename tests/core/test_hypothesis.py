@@ -118,9 +118,9 @@ def plan(prog: Program):
 
 
 def execute(prog: Program, steps, values, budget: int | None, safe: int, policy: str, sample: bool,
-            remat: str = "plan"):
+            remat: str = "plan", **runtime_options):
     """Run the program on a runtime; returns (values read, number of accepted BudgetErrors, driver)."""
-    d = Driver(budget, policy, sample_sqrt=sample, remat=remat)
+    d = Driver(budget, policy, sample_sqrt=sample, remat=remat, **runtime_options)
     rt = d.rt
     raised_legit: list[bool] = []
     orig = rt._raise_budget
@@ -179,14 +179,15 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
     return seen, errors, d
 
 
-def _check_program(prog: Program, frac: float, policy: str, sample: bool, remat: str = "plan") -> None:
+def _check_program(prog: Program, frac: float, policy: str, sample: bool, remat: str = "plan",
+                   tier=None) -> None:
     steps, values, _, lo, safe = plan(prog)
     free_seen, free_err, free = execute(prog, steps, values, None, safe, policy, sample)
     assert free_err == 0 and free.rt.evictions == 0 and free.rt.rematerializations == 0
     peak = free.rt.stats().peak_bytes
     hi = max(peak, lo)
     budget = lo + round(frac * (hi - lo))
-    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, remat)
+    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, remat, tier=tier)
     assert seen == free_seen
     assert all(v == values[m] for m, v in seen)
     if budget >= safe:

@@ -5,10 +5,11 @@ from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, POLICIES, Policy, get_policy, register
 from .records import Op, Storage
 from .runtime import Listener, Runtime, Stats
+from .swap import Tier
 from .trackers import TRACKERS, Chain, Tracker, UFNode, register_tracker
 
 __all__ = [
     "DEFAULT_POLICY", "POLICIES", "TRACKERS", "BudgetError", "Chain", "ConstantChangedError", "Drop", "InternalError",
-    "Listener", "Memory", "Op", "Policy", "Runtime", "Stats", "Storage", "Tracker", "UFNode", "fmt_bytes",
+    "Listener", "Memory", "Op", "Policy", "Runtime", "Stats", "Storage", "Tier", "Tracker", "UFNode", "fmt_bytes",
     "get_policy", "register", "register_tracker",
 ]

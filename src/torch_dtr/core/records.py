@@ -9,6 +9,8 @@ Words used everywhere in this package (the DTR paper's, as in simrd):
   never evicted.
 - *released*: nothing can ever need it again (no handle and no live dependent recipe); it is freed for
   good and forgotten. (simrd calls this banishing.)
+- *swapped*: evicted by copying it to the host tier (``host`` is set): it comes back by a copy, not its
+  recipe (NOTE [ Swapping ] in ``swap.py``).
 - *lost*: evicted, and its recipe can no longer run (an input changed: ``Runtime.invalidate``); reading it
   raises ``ConstantChangedError``.
 
@@ -34,7 +36,7 @@ class Storage:
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "__weakref__",
+        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "host", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
@@ -55,6 +57,7 @@ class Storage:
         self.chain = 0  # once handle-less: the handle-less recipe chain ending here (NOTE [ Banishing ])
         self.banished = False  # pinned (and resident) because its recipe was banished
         self.awaits = False  # kept resident without handles for a reader's evicted output (NOTE [ Lifetimes ] 3)
+        self.host: Any = None  # its copy in the host tier (NOTE [ Swapping ]); not resident + host: *swapped*
 
     @property
     def recomputable(self) -> bool:
@@ -73,7 +76,8 @@ class Storage:
         return out
 
     def __repr__(self) -> str:
-        state = "released" if self.released else "resident" if self.resident else "evicted"
+        state = ("released" if self.released else "resident" if self.resident
+                 else "swapped" if self.host is not None else "evicted")
         flags = "".join(f",{f}" for f in ("pinned",) if self.pinned) + (f",locks={self.locks}" if self.locks else "")
         return f"Storage(#{self.sid}, {self.nbytes}B, {state}{flags}, refs={self.refs}, deps={self.deps})"
 

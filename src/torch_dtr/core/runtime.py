@@ -33,6 +33,7 @@ from .errors import BudgetError, ConstantChangedError, InternalError, fmt_bytes,
 from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, Policy, get_policy
 from .records import Op, Storage
+from .swap import Tier
 from .trackers import TRACKERS
 
 __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_bytes", "internal_assert"]
@@ -227,6 +228,11 @@ class Stats:
     syncs: int = 0  # allocator queries (``Runtime.sync``)
     oom_retries: int = 0  # ops and recomputations retried after the allocator ran out of memory
     oom_evicted_bytes: int = 0  # bytes evicted to make those retries fit
+    # the host tier (NOTE [ Swapping ]): copies out and back, the bytes it holds now and at most
+    swaps_out: int = 0
+    swaps_in: int = 0
+    host_bytes: int = 0
+    host_peak_bytes: int = 0
 
 
 def _suggest(need: float) -> str:
@@ -240,6 +246,16 @@ def _sid(s: Storage) -> int:
     return s.sid
 
 
+def _step(s: Storage) -> Any:
+    """What brings the evicted ``s`` back: its copy (``s`` itself, when swapped) or its recipe."""
+    return s if s.host is not None else s.op
+
+
+def _reads(s: Storage) -> Sequence[Storage]:
+    """What a plan's step for ``s`` reads: its recipe's inputs, or nothing when it is copied back."""
+    return () if s.host is not None else s.op.inputs  # type: ignore[union-attr]
+
+
 def _all_pinned(op: Op) -> bool:
     """Whether every live output of ``op`` is pinned and resident: its recipe never runs again."""
     return all(o.released or (o.pinned and o.resident) for o in op.outputs)
@@ -247,7 +263,7 @@ def _all_pinned(op: Op) -> bool:
 
 def _awaited(s: Storage) -> bool:
     """Whether a reader of ``s`` has an evicted output with a handle (NOTE [ Lifetimes ] 3)."""
-    return any(o.refs and not o.resident for c in s.children for o in c.outputs)
+    return any(o.refs and not o.resident and o.host is None for c in s.children for o in c.outputs)
 
 
 def _drop_recipe(op: Op) -> list[Storage]:
@@ -282,6 +298,7 @@ class Runtime:
         remat: str = "plan",
         banish_depth: int = 0,
         lazy_tracking: bool = False,
+        tier: Tier | None = None,
     ) -> None:
         if remat not in ("plan", "stack"):
             raise ValueError(f"torch_dtr: remat must be 'plan' or 'stack', got {remat!r}")
@@ -300,6 +317,8 @@ class Runtime:
         self.min_evict_bytes = min_evict_bytes
         self.memory = memory or Memory()
         self.victim = victim or Drop()
+        self.tier = tier  # NOTE [ Swapping ]: a victim may be copied there instead of dropped
+        self.swap_cost = 0.0  # modelled cost of the copies (out, unless they overlap, and back)
         # NOTE [ Budget accounting ] 4: the device allocator's bytes in use now and at their peak, queried at
         # most every ``sync_every`` ops that reserve, and before a BudgetError (never per op: 30-360 us each)
         self.device_usage = device_usage
@@ -523,6 +542,8 @@ class Runtime:
                     self.memory.outside += s.nbytes
             if self.tracking:
                 self.tracker.restored(s)
+            if s.host is not None:
+                self.tier.drop(s)  # type: ignore[union-attr]
             s.payload = None
             self.live.pop(s, None)
             if self.listeners:
@@ -568,6 +589,8 @@ class Runtime:
 
     def _unresident(self, s: Storage) -> None:
         s.resident = False
+        if s.host is not None:  # its spare copy is its only one now (NOTE [ Swapping ] 4)
+            self.tier.unspare(s)  # type: ignore[union-attr]
         if s.awaits:
             self._unawait(s)
         self._unbanish(s)
@@ -610,7 +633,9 @@ class Runtime:
                 self._unawait(old)
             self._drop_candidate(old)
             self._unbanish(old)
-            if self.tracking:
+            if old.host is not None:  # its copy keeps the old value: swapped (NOTE [ Swapping ] 4)
+                self.tier.unspare(old)  # type: ignore[union-attr]
+            elif self.tracking:
                 self.tracker.superseded(old)
         old.forward = new
         new.refs += old.refs
@@ -629,6 +654,8 @@ class Runtime:
         if not s.pinned:
             s.pinned = True
             self._drop_candidate(s)
+            if s.host is not None and s.resident:  # never evicted now: its copy is of no use
+                self.tier.drop(s)  # type: ignore[union-attr]
             op = s.op
             if op is not None and op.compute is not None and _all_pinned(op):
                 for i in _drop_recipe(op):
@@ -704,7 +731,13 @@ class Runtime:
         limit = self.budget - self.headroom
         if self._dirty and mem.tracked + mem.outside + nbytes > limit:
             self.sync()  # plain ops added to the outside count since the last query: most of it may be gone
-        while mem.tracked + mem.outside + nbytes > limit:
+        tier = self.tier
+        while mem.tracked + mem.outside + nbytes + (tier.pending if tier is not None else 0) > limit:
+            if tier is not None and tier.pending:  # copies out in flight hold device bytes (NOTE [ Swapping ] 6)
+                tier.settle(False)
+                if tier.pending and mem.tracked + mem.outside + nbytes + tier.pending > limit:
+                    tier.settle(True)
+                continue
             victim = self._choose()
             if victim is None:
                 # the device's count may be stale (tensors outside died since): learn it before giving up
@@ -724,7 +757,7 @@ class Runtime:
         self._next_sync = self.ops + self.sync_every
         mem = self.memory
         now, peak = self.device_usage()
-        mem.set_outside(max(0, now - mem.tracked))
+        mem.set_outside(max(0, now - mem.tracked - (self.tier.pending if self.tier is not None else 0)))
         self._dirty = False
         self._synced = (self.ops, mem.tracked, mem.outside)
         # NOTE [ Budget accounting ] 6: the allocator's peak rose past the budget since the last sync: what the
@@ -769,6 +802,8 @@ class Runtime:
                 freed += s.nbytes
         if freed < nbytes:
             freed += self.evict_some(nbytes - freed)
+        if self.tier is not None and self.tier.pending:  # the copies out must land before the retry
+            self.tier.settle(True)
         if freed:
             self.oom_retries += 1
             self.oom_evicted_bytes += freed
@@ -783,17 +818,65 @@ class Runtime:
         self._evict(s, "evict")
 
     def _evict(self, s: Storage, kind: str) -> None:
-        """Evict ``s``, count it as ``kind`` ("evict": to make room, "drop": NOTE [ Lifetimes ] 3), tell."""
-        self._unresident(s)
-        self.victim.evict(s)
-        if self.tracking:
-            self.tracker.evicted(s)
+        """Evict ``s``, count it as ``kind`` ("evict": to make room, "drop": NOTE [ Lifetimes ] 3), tell.
+        With a tier, a policy's victim may be copied out instead, and one with a copy is swapped for free
+        (NOTE [ Swapping ] 2, 4, 5)."""
+        tier = self.tier
+        if tier is not None and (s.host is not None or (kind == "evict" and self._swaps(s))):
+            if s.host is None:
+                tier.hold(s)
+                c = tier.out_cost(s.nbytes)
+                self.clock += c
+                self.swap_cost += c
+            self._unresident(s)
+            s.payload = None
+            if self.listeners:
+                self.emit("swapout", s)
+        else:
+            self._unresident(s)
+            self.victim.evict(s)
+            if self.tracking:
+                self.tracker.evicted(s)
         if kind == "evict":
             self.evictions += 1
         else:
             self.drops += 1
         if self.listeners:
             self.emit(kind, s)
+
+    def _swaps(self, s: Storage) -> bool:
+        """Whether the policy's victim ``s`` is copied out rather than dropped (NOTE [ Swapping ] 2)."""
+        tier = self.tier
+        n = s.nbytes
+        if not s.recomputable or n > tier.free_bytes():  # type: ignore[union-attr]
+            return not s.recomputable and n <= tier.free_bytes()  # type: ignore[union-attr]
+        extra: Any = self.tracker.extra(s) if self.tracking and self.tracker.scores else 0.0
+        if not isinstance(extra, float | int):  # a tuple of features (``Chain``): its first is the neighbourhood
+            extra = extra[0]
+        return tier.in_cost(n) + tier.out_cost(n) < s.cost + extra  # type: ignore[union-attr]
+
+    def _swap_in(self, s: Storage) -> None:
+        """Copy the swapped ``s`` back (NOTE [ Swapping ] 3); it keeps its copy as a spare (rule 4)."""
+        tier: Tier = self.tier  # type: ignore[assignment]
+        self._recomputing = True
+        try:
+            self.reserve(s.nbytes, f"copying back {s.op.name if s.op is not None and s.op.name else 'a value'}")
+        finally:
+            self._recomputing = False
+        s.payload = tier.copy_in(s)
+        tier.keep(s)
+        tier.ins += 1
+        tier.bytes_in += s.nbytes
+        c = tier.in_cost(s.nbytes)
+        self.clock += c
+        self.swap_cost += c
+        s.resident = True
+        s.last_access = self.clock
+        self.memory.alloc(s)
+        if not s.pinned:
+            self._add_candidate(s)
+        if self.listeners:
+            self.emit("swapin", s)
 
     def _raise_budget(self, nbytes: int, where: str) -> None:
         mem = self.memory
@@ -914,7 +997,7 @@ class Runtime:
                 # a step already resident (brought back with a sibling) is popped without running unless it is
                 # evicted first; counting its reads anyway measured better (tests' MLP 28% vs 29% of its peak)
                 st = steps[k]  # type: ignore[index]
-                for i in roots if st is None else st.op.inputs:  # type: ignore[union-attr]
+                for i in roots if st is None else _reads(st):
                     if i not in ahead:
                         ahead[i] = n - k
             self._ahead = sorted(ahead, key=lambda i: (-ahead[i], -i.nbytes))
@@ -931,6 +1014,8 @@ class Runtime:
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
+        if self.policy.h_dtr and self.tier is not None:
+            return self._best_swap(pool, floor, extra, bound)
         if self.policy.h_dtr:  # the same loop with the default's score inline (the hot path of evicting)
             for s in pool:
                 n = s.nbytes
@@ -958,6 +1043,35 @@ class Runtime:
                 continue  # even its smallest possible score does not win: its extra is not needed
             else:
                 v = score(s.cost, s.nbytes, stale, extra(s))
+            if v < best_score:
+                best, best_score = s, v
+        return best
+
+    def _best_swap(self, pool: Any, floor: float, extra: Any, bound: float | None) -> Storage | None:
+        """``_best`` for h_DTR's score with a tier: a candidate's cost is the cheaper of recomputing it and
+        copying it out and back (NOTE [ Swapping ] 2)."""
+        tier: Tier = self.tier  # type: ignore[assignment]
+        room = tier.free_bytes()
+        per_byte = 1.0 / tier.bandwidth
+        both = per_byte if tier.out_free else 2.0 * per_byte
+        inf = math.inf
+        now = self.clock
+        best, best_score = None, inf
+        for s in pool:
+            n = s.nbytes
+            if s.locks or n < floor or n == 0:
+                continue
+            op = s.op
+            c = op.cost if op is not None else 0.0
+            sw = n * per_byte if s.host is not None else n * both if n <= room else inf
+            d = n * (now - s.last_access + 1e-9)
+            if extra is None:
+                v = (c if c < sw else sw) / d
+            elif sw / d >= best_score and bound is not None and (c + bound) / d >= best_score:
+                continue
+            else:
+                c += extra(s)
+                v = (c if c < sw else sw) / d
             if v < best_score:
                 best, best_score = s, v
         return best
@@ -1003,11 +1117,15 @@ class Runtime:
         recipe recomputes all its missing outputs), every one after the evicted inputs of its recipe, and
         of several evicted inputs the one with the longest evicted chain below it first, so that each
         value waits as briefly as possible for its reader (NOTE [ Planned rematerialization ] 2)."""
-        # 1. the evicted ancestors (one storage per recipe)
-        first: dict[Op, Storage] = {}
+        # 1. the evicted ancestors (one storage per recipe; a swapped storage is a step of its own, with no
+        # inputs: NOTE [ Swapping ] 3)
+        first: dict[Any, Storage] = {}
         work = [s for s in roots if not s.resident]
         while work:
             s = work.pop()
+            if s.host is not None:
+                first[s] = s
+                continue
             op = self._recipe(s)
             if op in first:
                 continue
@@ -1015,33 +1133,37 @@ class Runtime:
             work.extend(i for i in op.inputs if not i.resident)
         # 2. depth: the longest chain of evicted recipes below each; inputs are older than outputs, so
         # ascending storage ids is a topological order
-        depth: dict[Op, int] = {}
-        for op in sorted(first, key=lambda o: first[o].sid):
-            depth[op] = 1 + max((depth[i.op] for i in op.inputs if not i.resident), default=0)  # type: ignore[index]
+        depth: dict[Any, int] = {}
+        for k in sorted(first, key=lambda o: first[o].sid):
+            depth[k] = 1 if type(k) is Storage else 1 + max(
+                (depth[_step(i)] for i in k.inputs if not i.resident), default=0)
 
-        def order(op: Op) -> list[Storage]:  # evicted inputs; the next to visit (deepest, then oldest) last
-            ins = [i for i in op.inputs if not i.resident]
-            ins.sort(key=lambda i: (depth[i.op], -i.sid))  # type: ignore[index]
+        def order(s: Storage) -> list[Storage]:  # evicted inputs; the next to visit (deepest, then oldest) last
+            if s.host is not None:
+                return []
+            ins = [i for i in s.op.inputs if not i.resident]  # type: ignore[union-attr]
+            ins.sort(key=lambda i: (depth[_step(i)], -i.sid))
             return ins
 
         # 3. post-order from the roots, deepest input first
         out: list[Storage] = []
-        done: set[Op] = set()
+        done: set[Any] = set()
         for root in roots:
-            if root.resident or root.op in done:
+            if root.resident or _step(root) in done:
                 continue
-            stack: list[tuple[Storage, list[Storage]]] = [(root, order(root.op))]  # type: ignore[arg-type]
+            stack: list[tuple[Storage, list[Storage]]] = [(root, order(root))]
             while stack:
                 s, ins = stack[-1]
-                while ins and ins[-1].op in done:
+                while ins and _step(ins[-1]) in done:
                     ins.pop()
                 if ins:
                     i = ins.pop()
-                    stack.append((i, order(i.op)))  # type: ignore[arg-type]
+                    stack.append((i, order(i)))
                     continue
                 stack.pop()
-                if s.op not in done:
-                    done.add(s.op)  # type: ignore[arg-type]
+                k = _step(s)
+                if k not in done:
+                    done.add(k)
                     out.append(s)
         return out
 
@@ -1057,6 +1179,14 @@ class Runtime:
         missing = [r for r in roots if not r.resident]
         if not missing:
             return
+        if len(missing) == 1 and (hold or len(roots) == 1) and missing[0].host is not None:
+            keep = [r for r in roots if r.resident]
+            self.lock(keep)
+            try:
+                self._swap_in(missing[0])
+            finally:
+                self.unlock(keep)
+            return
         if len(missing) == 1 and (hold or len(roots) == 1):
             op = self._recipe(missing[0])
             if all(i.resident for i in op.inputs):  # the common case: one recipe, its inputs resident
@@ -1070,7 +1200,8 @@ class Runtime:
         # a step is a storage to recompute, or None: the caller's op, which reads ``roots``
         steps: list[Storage | None] = [None]
         pending: dict[Storage, int] = dict.fromkeys(roots, 1)  # storage -> pending steps that read it
-        limit = 4 * (self._push(steps, pending, missing) + 8)  # steps run before giving up (hold=False)
+        leaves: set[Storage] = set()  # steps planned as copies back (NOTE [ Swapping ] 3)
+        limit = 4 * (self._push(steps, pending, missing, leaves) + 8)  # steps run before giving up (hold=False)
         tries: dict[Storage | None, int] = {}
         held: dict[Storage | None, list[Storage]] = {}  # locks a retried step keeps until it runs
         kept: set[Storage] = set()  # hold=True: recomputed values locked until their last planned reader
@@ -1085,6 +1216,22 @@ class Runtime:
             while steps:
                 s = steps[-1]
                 if s is None or not s.resident:
+                    if s is not None and s.host is not None:  # a copy back: no inputs
+                        ran += 1
+                        if not hold and ran > limit:
+                            self._raise_undone(roots, ran, limit // 4 - 8)
+                        self._swap_in(s)
+                        if s not in rootset:
+                            brought[s] = None
+                            if hold and s not in kept and pending.get(s, 0) > 0:
+                                s.locks += 1
+                                kept.add(s)
+                        steps.pop()
+                        self._steps_rev += 1
+                        self.unlock(held.pop(s, ()))
+                        if s not in leaves:  # planned as a recipe, swapped since: its reads are due
+                            self._done_reads(s.op.inputs if s.op is not None else (), pending, kept, brought)
+                        continue
                     op = None if s is None else self._recipe(s)
                     ins = roots if op is None else op.inputs
                     missing = [i for i in ins if not i.resident]
@@ -1096,7 +1243,7 @@ class Runtime:
                                 if i.resident and i not in keep:
                                     i.locks += 1
                                     keep.append(i)
-                        self._push(steps, pending, missing)
+                        self._push(steps, pending, missing, leaves)
                         continue
                     if op is not None:
                         ran += 1
@@ -1116,14 +1263,8 @@ class Runtime:
                 steps.pop()
                 self._steps_rev += 1
                 self.unlock(held.pop(s, ()))
-                for i in roots if s is None else s.op.inputs:  # type: ignore[union-attr]
-                    left = pending[i] = pending[i] - 1
-                    if left == 0:
-                        if i in kept:
-                            kept.discard(i)
-                            i.locks -= 1
-                        if i in brought:
-                            self._drop_brought(i)
+                if s not in leaves:
+                    self._done_reads(roots if s is None else s.op.inputs, pending, kept, brought)  # type: ignore[union-attr]
         finally:
             self._soft, self._steps, self._roots = outer
             self._steps_rev += 1
@@ -1133,10 +1274,27 @@ class Runtime:
             for s in brought:  # rule 2
                 self._drop_brought(s)
 
-    def _push(self, steps: list[Storage | None], pending: dict[Storage, int], missing: list[Storage]) -> int:
+    def _done_reads(self, ins: Sequence[Storage], pending: dict[Storage, int], kept: set[Storage],
+                    brought: dict[Storage, None]) -> None:
+        """A plan's step that read ``ins`` ran: unlock and drop what no pending step reads now."""
+        for i in ins:
+            left = pending[i] = pending.get(i, 1) - 1
+            if left == 0:
+                if i in kept:
+                    kept.discard(i)
+                    i.locks -= 1
+                if i in brought:
+                    self._drop_brought(i)
+
+    def _push(self, steps: list[Storage | None], pending: dict[Storage, int], missing: list[Storage],
+              leaves: set[Storage]) -> int:
         plan = self.plan(missing)
         self._steps_rev += 1
         for m in plan:
+            if m.host is not None:
+                leaves.add(m)
+                continue
+            leaves.discard(m)
             for i in m.op.inputs:  # type: ignore[union-attr]
                 pending[i] = pending.get(i, 0) + 1
         steps.extend(reversed(plan))
@@ -1157,7 +1315,11 @@ class Runtime:
         try:
             while frames:
                 s, held, parent = frames[-1]
-                if not s.resident:
+                if not s.resident and s.host is not None:
+                    self._swap_in(s)
+                    if parent >= 0:
+                        brought.append(s)
+                elif not s.resident:
                     op = self._recipe(s)
                     missing = [i for i in op.inputs if not i.resident]
                     if missing:  # the oldest on top of the stack: see rule 5
@@ -1207,7 +1369,7 @@ class Runtime:
         for s in lend or ():  # its buffer now holds an output: its bytes move there (freed before counted)
             s.payload = None
             self._unresident(s)
-            if self.tracking:
+            if self.tracking and s.host is None:  # with a copy it is swapped (NOTE [ Swapping ] 4)
                 self.tracker.evicted(s)
             self.drops += 1
             if self.listeners:
@@ -1227,7 +1389,9 @@ class Runtime:
             self.memory.alloc(o)
             if not o.pinned:
                 self._add_candidate(o)
-            if self.tracking:
+            if o.host is not None:  # swapped, recomputed with a sibling: its copy is a spare
+                self.tier.keep(o)  # type: ignore[union-attr]
+            elif self.tracking:
                 self.tracker.restored(o)
             if self.listeners:
                 self.emit("remat", o)
@@ -1253,6 +1417,9 @@ class Runtime:
             syncs=self.syncs,
             oom_retries=self.oom_retries,
             oom_evicted_bytes=self.oom_evicted_bytes,
+            **({} if self.tier is None else {
+                "swaps_out": self.tier.outs, "swaps_in": self.tier.ins, "host_bytes": self.tier.used,
+                "host_peak_bytes": self.tier.peak}),
         )
 
     def reset_peak(self) -> None:
@@ -1281,6 +1448,16 @@ class Runtime:
                             f"{s}: awaits={s.awaits} but {'in' if s in self._awaiting else 'not in'} the kept set")
             banished += s.nbytes if s.banished else 0
         internal_assert(all(s in self.live for s in self._awaiting), "a released value in the kept set")
+        if self.tier is not None:
+            tier = self.tier
+            copies = [s for s in self.live if s.host is not None]
+            internal_assert(sum(s.nbytes for s in copies) == tier.used, f"host tier counts {tier.used} B, holds "
+                                                                       f"{sum(s.nbytes for s in copies)} B")
+            internal_assert(set(tier.spare) == {s for s in copies if s.resident}, "spare copies wrong")
+            internal_assert(sum(s.nbytes for s in tier.spare) == tier.spare_bytes, "spare bytes wrong")
+            internal_assert(tier.budget is None or tier.used <= tier.budget,
+                            f"host tier holds {tier.used} B over its budget {tier.budget} B")
+            internal_assert(not any(s.pinned for s in tier.spare), "a pinned value keeps a copy")
         internal_assert(banished == self.banished_bytes, f"banished bytes {self.banished_bytes} != {banished}")
         internal_assert(total + self.memory.constants == self.memory.tracked,
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")

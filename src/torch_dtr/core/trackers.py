@@ -95,7 +95,8 @@ class Links:
 
 
 def _evicted(s: Storage) -> bool:
-    return not s.resident and not s.released
+    """Evicted and recomputed when needed (a swapped storage comes back by a copy: NOTE [ Swapping ] 3)."""
+    return not s.resident and not s.released and s.host is None
 
 
 class Tracker:

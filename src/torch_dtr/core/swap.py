@@ -1,0 +1,114 @@
+"""A second way to evict: copy the value to a slower memory (host memory) instead of forgetting it.
+
+# NOTE [ Swapping ]
+#
+# 1. With a ``Tier`` (``Runtime(tier=...)``), a value the policy evicts is either *dropped* (recomputed by its
+#    recipe when needed, plain DTR) or *swapped*: copied out to the tier and copied back when needed. A swapped
+#    storage is not resident (its bytes leave the budget) and has ``Storage.host`` set: the tier's handle.
+# 2. The choice, per victim (``Runtime._swaps``): swap when the tier has room and copying the value back (plus
+#    copying it out, unless the copy overlaps compute: ``Tier.out_free``) is cheaper than what the policy
+#    counts to recompute it (its recipe's cost plus its evicted neighbourhood, the policy's ``extra``).
+#    Scores use the cheaper of the two (``min(cost + extra, swap cost)``), MegTaiChi's rule; so a value whose
+#    recompute chain is long is evicted earlier, and swapped.
+# 3. A swapped storage needs no recipe to come back: plans treat it as a leaf (one step, no inputs), so it
+#    also cuts the evicted chains behind it. Trackers never hear of it (it is not in any evicted
+#    neighbourhood): recomputing a reader costs its copy, not its ancestors.
+# 4. Storages never change (an in-place write makes a new version), so a copy stays valid: a value copied in
+#    keeps its host copy (``Tier.spare``) and is swapped again later for free; spare copies are the first
+#    freed when the tier needs room. An old version made non-resident by an in-place write that has a copy
+#    becomes swapped. Releasing a storage, pinning it or recomputing... frees nothing but its own copy.
+# 5. Only the policy's evictions copy out. A value dropped because its last handle died (NOTE [ Lifetimes ] 3)
+#    is not copied (nothing may ever read it); with a spare copy it becomes swapped.
+# 6. The budget still bounds device memory with copies in flight: a copy out that has not landed keeps its
+#    device bytes (``Tier.pending``), which ``reserve`` counts until ``Tier.settle`` says they landed.
+# 7. Costs are modelled (``nbytes / bandwidth``) and advance the clock like recomputations, so decisions stay
+#    deterministic; ``Runtime.swap_cost`` sums them (the simulator's overhead adds it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .records import Storage
+
+
+class Tier:
+    """The host tier: its budget, its modelled bandwidth, and the copies it holds.
+
+    A driver subclasses it for real copies (``copy_out``, ``copy_in``, ``discard``, ``settle``); this base
+    class keeps the driver's payload object as the handle (the simulator's fake payloads)."""
+
+    def __init__(self, budget: int | None = None, bandwidth: float = 1.0, out_free: bool = False) -> None:
+        if budget is not None and budget < 0:
+            raise ValueError(f"torch_dtr: host_budget must be >= 0 bytes or None, got {budget}")
+        if not bandwidth > 0:
+            raise ValueError(f"torch_dtr: a swap bandwidth must be > 0 (bytes per unit of cost), got {bandwidth}")
+        self.budget = budget
+        self.bandwidth = bandwidth
+        self.out_free = out_free  # copies out overlap compute: only the copy back is paid
+        self.used = 0  # bytes of copies held
+        self.peak = 0
+        self.pending = 0  # device bytes of copies out still in flight (rule 6)
+        self.spare: dict[Storage, None] = {}  # resident storages whose copy is kept (rule 4): freed first
+        self.spare_bytes = 0
+        self.outs = self.ins = 0  # copies made each way
+        self.bytes_out = self.bytes_in = 0
+
+    # ------------------------------------------------------------------ the model
+    def in_cost(self, nbytes: int) -> float:
+        return nbytes / self.bandwidth
+
+    def out_cost(self, nbytes: int) -> float:
+        return 0.0 if self.out_free else nbytes / self.bandwidth
+
+    def free_bytes(self) -> float:
+        """Bytes a new copy may take, counting spare copies as free."""
+        if self.budget is None:
+            return float("inf")
+        return self.budget - self.used + self.spare_bytes
+
+    # ------------------------------------------------------------------ the driver's part
+    def copy_out(self, s: Storage) -> Any:
+        """Start copying ``s.payload`` out; returns the handle ``copy_in`` takes."""
+        return s.payload
+
+    def copy_in(self, s: Storage) -> Any:
+        """A device payload for ``s`` from its copy ``s.host`` (the copy stays)."""
+        return s.host
+
+    def discard(self, handle: Any) -> None:
+        """Free a copy."""
+
+    def settle(self, wait: bool) -> None:
+        """Copies out that landed give their device bytes back (``pending``); ``wait``: all of them, now."""
+        self.pending = 0
+
+    # ------------------------------------------------------------------ bookkeeping, called by the runtime
+    def hold(self, s: Storage) -> None:
+        """Make room for, and count, a new copy of ``s`` (the caller checked ``free_bytes``)."""
+        if self.budget is not None:
+            while self.used + s.nbytes > self.budget and self.spare:
+                self.drop(next(iter(self.spare)))
+        s.host = self.copy_out(s)
+        self.used += s.nbytes
+        if self.used > self.peak:
+            self.peak = self.used
+        self.outs += 1
+        self.bytes_out += s.nbytes
+
+    def drop(self, s: Storage) -> None:
+        """Free ``s``'s copy (released, pinned, or spare and the room is needed)."""
+        self.unspare(s)
+        h, s.host = s.host, None
+        self.used -= s.nbytes
+        self.discard(h)
+
+    def keep(self, s: Storage) -> None:
+        """``s`` is resident again and keeps its copy as a spare (rule 4)."""
+        self.spare[s] = None
+        self.spare_bytes += s.nbytes
+
+    def unspare(self, s: Storage) -> None:
+        """``s`` stopped being resident: a spare copy it had is its only copy now."""
+        if self.spare.pop(s, 0) is None:
+            self.spare_bytes -= s.nbytes
