@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--format", choices=("table", "json"), default="table")
     s.add_argument("--plot", default=None, help="write a PNG of overhead vs budget ratio here")
     s.add_argument("--baselines", action="store_true", help="also replay sqrt(n) checkpointing")
+    s.add_argument("--swap-gbps", type=float, default=None,
+                   help="add a host tier with this copy bandwidth in GB/s (e.g. 12 for PCIe 3.0 x16): evicted values "
+                        "are copied there when that is cheaper than recomputing them")
+    s.add_argument("--host-budget", default=None, help="bytes the host tier may hold (default: unlimited), e.g. 8GiB")
     r = sub.add_parser("record", help="run a PyTorch script and write one training iteration as an operator log",
                        usage="torch-dtr record --out LOG [--iteration N] [--costs time|model] SCRIPT [ARGS ...]")
     r.add_argument("script", help="the Python script to run")
@@ -70,7 +74,13 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
     if args.cmd == "simulate":
         from .sim.command import main as simulate
 
-        return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines)
+        if args.swap_gbps is not None and not args.swap_gbps > 0:
+            p.error(f"--swap-gbps must be > 0 (GB/s), got {args.swap_gbps}")
+        from .core.errors import parse_budget
+
+        host = None if args.host_budget is None else parse_budget(args.host_budget)
+        return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines,
+                        args.swap_gbps, host)
     if args.cmd == "record":
         import json
 

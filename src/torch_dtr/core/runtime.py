@@ -256,6 +256,24 @@ def _reads(s: Storage) -> Sequence[Storage]:
     return () if s.host is not None else s.op.inputs  # type: ignore[union-attr]
 
 
+def _recompute_cost(s: Storage, enough: float, most: int = 64) -> float:
+    """What recomputing the resident ``s`` would run now for nothing else: its recipe and its evicted ancestors
+    that nothing holds (an ancestor with a handle would be recomputed for its own reader anyway, so it is not
+    charged to ``s``; swapped ones are copied back), summed until it passes ``enough`` or ``most`` recipes
+    were visited (NOTE [ Swapping ] 2)."""
+    total = s.cost
+    seen: set[Op] = set()
+    work = [i for i in s.op.inputs if not i.resident and i.host is None and i.refs == 0]  # type: ignore[union-attr]
+    while work and total <= enough and len(seen) < most:
+        op = work.pop().op
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        total += op.cost
+        work.extend(i for i in op.inputs if not i.resident and i.host is None and i.refs == 0)
+    return total
+
+
 def _all_pinned(op: Op) -> bool:
     """Whether every live output of ``op`` is pinned and resident: its recipe never runs again."""
     return all(o.released or (o.pinned and o.resident) for o in op.outputs)
@@ -822,7 +840,7 @@ class Runtime:
         With a tier, a policy's victim may be copied out instead, and one with a copy is swapped for free
         (NOTE [ Swapping ] 2, 4, 5)."""
         tier = self.tier
-        if tier is not None and (s.host is not None or (kind == "evict" and self._swaps(s))):
+        if tier is not None and (kind == "evict" or s.host is not None) and self._swaps(s):
             if s.host is None:
                 tier.hold(s)
                 c = tier.out_cost(s.nbytes)
@@ -833,6 +851,8 @@ class Runtime:
             if self.listeners:
                 self.emit("swapout", s)
         else:
+            if s.host is not None:  # recomputing it is cheaper now: its copy goes
+                tier.drop(s)  # type: ignore[union-attr]
             self._unresident(s)
             self.victim.evict(s)
             if self.tracking:
@@ -845,15 +865,18 @@ class Runtime:
             self.emit(kind, s)
 
     def _swaps(self, s: Storage) -> bool:
-        """Whether the policy's victim ``s`` is copied out rather than dropped (NOTE [ Swapping ] 2)."""
-        tier = self.tier
+        """Whether the victim ``s`` is swapped rather than dropped (NOTE [ Swapping ] 2): copying it back (and
+        out, when it has no copy yet) costs less than recomputing it with its evicted ancestors."""
+        tier: Tier = self.tier  # type: ignore[assignment]
         n = s.nbytes
-        if not s.recomputable or n > tier.free_bytes():  # type: ignore[union-attr]
-            return not s.recomputable and n <= tier.free_bytes()  # type: ignore[union-attr]
-        extra: Any = self.tracker.extra(s) if self.tracking and self.tracker.scores else 0.0
-        if not isinstance(extra, float | int):  # a tuple of features (``Chain``): its first is the neighbourhood
-            extra = extra[0]
-        return tier.in_cost(n) + tier.out_cost(n) < s.cost + extra  # type: ignore[union-attr]
+        copy = tier.in_cost(n)
+        if s.host is None:
+            if n > tier.free_bytes():
+                return False
+            copy += tier.out_cost(n)
+        if not s.recomputable:
+            return True
+        return copy < _recompute_cost(s, copy)
 
     def _swap_in(self, s: Storage) -> None:
         """Copy the swapped ``s`` back (NOTE [ Swapping ] 3); it keeps its copy as a spare (rule 4)."""
@@ -1014,7 +1037,7 @@ class Runtime:
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
-        if self.policy.h_dtr and self.tier is not None:
+        if self.policy.h_dtr and self.tier is not None and self.tier.score:
             return self._best_swap(pool, floor, extra, bound)
         if self.policy.h_dtr:  # the same loop with the default's score inline (the hot path of evicting)
             for s in pool:

@@ -5,20 +5,27 @@
 # 1. With a ``Tier`` (``Runtime(tier=...)``), a value the policy evicts is either *dropped* (recomputed by its
 #    recipe when needed, plain DTR) or *swapped*: copied out to the tier and copied back when needed. A swapped
 #    storage is not resident (its bytes leave the budget) and has ``Storage.host`` set: the tier's handle.
-# 2. The choice, per victim (``Runtime._swaps``): swap when the tier has room and copying the value back (plus
-#    copying it out, unless the copy overlaps compute: ``Tier.out_free``) is cheaper than what the policy
-#    counts to recompute it (its recipe's cost plus its evicted neighbourhood, the policy's ``extra``).
-#    Scores use the cheaper of the two (``min(cost + extra, swap cost)``), MegTaiChi's rule; so a value whose
-#    recompute chain is long is evicted earlier, and swapped.
+# 2. The choice, per victim (``Runtime._swaps``): the policy picks the victim as without a tier; it is swapped
+#    when the tier has room and copying it back (and out, when it has no copy yet, unless copies out overlap
+#    compute: ``Tier.out_free``) costs less than recomputing it for nothing else: its recipe plus its evicted
+#    ancestors that nothing holds (an ancestor with a handle is recomputed for its own reader anyway). A value
+#    with a copy is decided again each time it is evicted (its copy goes when recomputing became cheaper).
+#    Measured on the DTR authors' three logs at 0.2-0.6 of their peaks, 12 GB/s (copies out paid or
+#    overlapped) and 50 GB/s (overlapped): this rule lowers the summed overhead by 0.88 and is worse in 1
+#    of 45 cells (by 0.08%); charging every evicted ancestor, 0.79 and 6 worse cells (ResNet-32 copied back
+#    171 MiB values that cost 2 ms to recompute once their ancestors were back anyway); charging only the
+#    recipe, 0.17 and none; also scoring candidates by min(recompute, copy) (MegTaiChi's), 20 worse cells
+#    (``Tier.score``, off). ``python benchmarks/swap_sim.py`` writes docs/swap.md.
 # 3. A swapped storage needs no recipe to come back: plans treat it as a leaf (one step, no inputs), so it
 #    also cuts the evicted chains behind it. Trackers never hear of it (it is not in any evicted
 #    neighbourhood): recomputing a reader costs its copy, not its ancestors.
 # 4. Storages never change (an in-place write makes a new version), so a copy stays valid: a value copied in
 #    keeps its host copy (``Tier.spare``) and is swapped again later for free; spare copies are the first
 #    freed when the tier needs room. An old version made non-resident by an in-place write that has a copy
-#    becomes swapped. Releasing a storage, pinning it or recomputing... frees nothing but its own copy.
+#    becomes swapped. Releasing or pinning a storage frees its copy.
 # 5. Only the policy's evictions copy out. A value dropped because its last handle died (NOTE [ Lifetimes ] 3)
-#    is not copied (nothing may ever read it); with a spare copy it becomes swapped.
+#    is not copied (nothing may ever read it); with a spare copy it becomes swapped (rule 2 decides). Listeners
+#    hear "swapout" before the "evict" or "drop" of a swapped value, and "swapin" when it is copied back.
 # 6. The budget still bounds device memory with copies in flight: a copy out that has not landed keeps its
 #    device bytes (``Tier.pending``), which ``reserve`` counts until ``Tier.settle`` says they landed.
 # 7. Costs are modelled (``nbytes / bandwidth``) and advance the clock like recomputations, so decisions stay
@@ -46,6 +53,7 @@ class Tier:
         self.budget = budget
         self.bandwidth = bandwidth
         self.out_free = out_free  # copies out overlap compute: only the copy back is paid
+        self.score = False  # scores use min(recompute, copy) (MegTaiChi's); measured worse: NOTE [ Swapping ] 2
         self.used = 0  # bytes of copies held
         self.peak = 0
         self.pending = 0  # device bytes of copies out still in flight (rule 6)

@@ -6,13 +6,13 @@ import contextlib
 import gc
 import numbers
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 
 from ..core import Listener, Stats
+from ..core.errors import parse_budget
 from ..core.policies import DEFAULT_POLICY, Policy, get_policy
 from . import front as _front
 from . import tenants as _tenants
@@ -20,32 +20,8 @@ from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
 from .tensor import DTRTensor
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_BUDGET_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE)
 _LAST: Front | None = None  # the most recent front end, for stats() after disable()
 _FROZE = False  # enable() froze the garbage collector's view of older objects (see enable)
-
-
-def parse_budget(budget: int | str | None) -> int | None:
-    """Bytes from an int or a string like ``"512MB"``, ``"3GiB"``, ``"1.5 GB"`` (KB/MB/GB: powers of 1000,
-    KiB/MiB/GiB: powers of 1024, case-insensitive). ``None`` means unlimited."""
-    if budget is None:
-        return None
-    if isinstance(budget, bool):
-        raise ValueError(f"torch_dtr: budget must be bytes (int) or a size string like '3GiB', got {budget!r}")
-    if isinstance(budget, numbers.Integral):  # int, numpy integers
-        if budget < 0:
-            raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}; e.g. budget='3GiB'")
-        return int(budget)
-    if isinstance(budget, str):
-        m = _BUDGET_RE.match(budget)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ValueError(
-        f"torch_dtr: cannot read budget {budget!r}: use bytes (an int) or a number with a unit "
-        f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. budget='3GiB' or budget='1.5 GB'"
-    )
 
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,

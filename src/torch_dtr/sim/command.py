@@ -38,15 +38,17 @@ def table(log: _log.Log, peak: int, outcomes: Sequence[Outcome], extra: Sequence
         f"log {log.source}: {log.op_count()} ops, {log.op_time_ns() / 1e6:.1f} ms of op time, "
         f"no-eviction peak {fmt_bytes(peak)}",
         "",
-        "| policy | ratio | budget | status | overhead | evictions | recomputations | accesses | replay s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| policy | ratio | budget | status | overhead | evictions | recomputations | copies out/in | accesses "
+        "| replay s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         rows.append(f"| {o.policy} | {o.ratio:.2f} | {fmt_bytes(o.budget or 0)} | {o.status} | "
-                    f"{_ov(o)} | {o.evictions} | {o.rematerializations} | {o.accesses} | {o.wall_seconds:.2f} |")
+                    f"{_ov(o)} | {o.evictions} | {o.rematerializations} | {o.swaps_out}/{o.swaps_in} | "
+                    f"{o.accesses} | {o.wall_seconds:.2f} |")
     for o in extra:
         rows.append(f"| {o.policy} | peak {o.ratio:.2f} | - | {o.status} | {_ov(o)} | {o.evictions} | "
-                    f"{o.rematerializations} | - | {o.wall_seconds:.2f} |")
+                    f"{o.rematerializations} | - | - | {o.wall_seconds:.2f} |")
     return "\n".join(rows)
 
 
@@ -88,11 +90,12 @@ def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outc
 
 
 def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | None, fmt: str,
-         plot_path: str | None, baselines: bool) -> int:
+         plot_path: str | None, baselines: bool, swap_gbps: float | None = None, host_budget: int | None = None) -> int:
     log = _log.read(path)
     policies = list(policies or [DEFAULT_POLICY])
     ratios = list(ratios or DEFAULT_RATIOS)
-    peak, outs = run_grid(log, policies, ratios, progress=fmt == "table" and sys.stderr.isatty())
+    swap = {} if swap_gbps is None else {"swap_gbps": swap_gbps, "host_budget": host_budget}
+    peak, outs = run_grid(log, policies, ratios, progress=fmt == "table" and sys.stderr.isatty(), **swap)
     extra = [sqrt_checkpoint(log, peak)] if baselines else []
     if fmt == "json":
         print(json.dumps([o.as_dict() for o in outs] + [dict(o.as_dict(), baseline=True) for o in extra], indent=1))

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..core import DEFAULT_POLICY, BudgetError, Policy, Runtime, Storage
+from ..core import DEFAULT_POLICY, BudgetError, Policy, Runtime, Storage, Tier
 from .log import Call, Constant, Copy, Log, Mutate, Release
 
 # NOTE [ Replaying a log ]
@@ -38,6 +38,9 @@ from .log import Call, Constant, Copy, Log, Mutate, Release
 # 7. overhead = (logged op time + rematerialized op time) / logged op time. ``thrash``: the replay stopped
 #    because overhead passed ``thrash_at`` (2.0); ``oom``: nothing was left to evict (``BudgetError``).
 #    Search time is measured (wall clock) but not in the overhead.
+# 8. With a host tier (``simulate(..., swap_gbps=B)``, NOTE [ Swapping ]), a copy costs bytes / B GB/s of log
+#    time (the copy out too, unless ``swap_out_free``: it overlaps compute), and the overhead adds the copies:
+#    (logged + recomputed + copy time) / logged. ``host_budget`` bounds the bytes held there.
 
 THRASH_AT = 2.0
 _RESIDENT = True  # the fake payload of a resident storage
@@ -77,6 +80,9 @@ class Outcome:
     wall_seconds: float
     search_seconds: float
     error: str = ""
+    swaps_out: int = 0  # copies to the host tier (rule 8)
+    swaps_in: int = 0
+    swap_gbps: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +103,7 @@ class Replay:
             limit = self.thrash_ns
 
             def on_event(kind: str, _s: Storage | None) -> None:  # stops a cascade of recomputations in one op
-                if kind == "remat" and rt.remat_cost > limit:
+                if kind in ("remat", "swapin") and rt.remat_cost + rt.swap_cost > limit:
                     raise _Thrash()
 
             rt.listen(on_event)
@@ -203,7 +209,7 @@ class Replay:
             elif t is Constant:
                 self._constant(ins)
                 continue
-            if thrash_ns is not None and rt.remat_cost > thrash_ns:
+            if thrash_ns is not None and rt.remat_cost + rt.swap_cost > thrash_ns:
                 raise _Thrash()
             if rt.listeners:
                 rt.emit("op", None)
@@ -213,7 +219,7 @@ class Replay:
                 s = s.forward
             if not s.released:
                 rt.get(s)
-        if thrash_ns is not None and rt.remat_cost > thrash_ns:
+        if thrash_ns is not None and rt.remat_cost + rt.swap_cost > thrash_ns:
             raise _Thrash()
 
 
@@ -226,15 +232,21 @@ def no_eviction_peak(log: Log) -> int:
 
 def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | None = None, budget: int | None = None,
              peak: int | None = None, thrash_at: float | None = THRASH_AT, live_order: bool = False,
+             swap_gbps: float | None = None, host_budget: int | None = None, swap_out_free: bool = False,
              **runtime_options: Any) -> Outcome:
     """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known).
-    ``live_order``: bring inputs back as the live runtime does instead of as the DTR authors' simulator did."""
+    ``live_order``: bring inputs back as the live runtime does instead of as the DTR authors' simulator did.
+    ``swap_gbps``: a host tier with this bandwidth (GB/s; rule 8), holding at most ``host_budget`` bytes."""
     if (ratio is None) == (budget is None):
         raise ValueError("torch_dtr: give exactly one of ratio= (e.g. 0.5) or budget= (bytes) to simulate()")
     if ratio is not None:
         if not 0 < ratio:
             raise ValueError(f"torch_dtr: ratio must be > 0, got {ratio}; e.g. ratio=0.5")
         budget = int(ratio * (peak if peak is not None else no_eviction_peak(log)))
+    if swap_gbps is not None:
+        if not swap_gbps > 0:
+            raise ValueError(f"torch_dtr: swap_gbps must be > 0 (GB/s), got {swap_gbps}; e.g. 12 for PCIe 3.0 x16")
+        runtime_options["tier"] = Tier(host_budget, bandwidth=swap_gbps, out_free=swap_out_free)  # GB/s = B/ns
     rt = Runtime(budget, policy, **runtime_options)
     rp = Replay(log, rt, thrash_at, live_order)
     status, error = "ok", ""
@@ -249,7 +261,8 @@ def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | 
     base = rp.base_ns or 1
     return Outcome(
         policy=rt.policy.name, ratio=ratio, budget=budget, status=status,
-        overhead=(base + rt.remat_cost) / base, evictions=rt.evictions, drops=rt.drops,
+        overhead=(base + rt.remat_cost + rt.swap_cost) / base, evictions=rt.evictions, drops=rt.drops,
         rematerializations=rt.rematerializations, accesses=rt.scored, peak_bytes=rt.memory.peak, ops=rt.ops,
         wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
+        swaps_out=rt.tier.outs if rt.tier else 0, swaps_in=rt.tier.ins if rt.tier else 0, swap_gbps=swap_gbps,
     )
