@@ -1,8 +1,12 @@
 import gc
+import os
 
 import pytest
 
 import torch_dtr
+
+if os.environ.get("DTR_TEST_SWAP") == "1":  # every test with the host tier on (NOTE [ Swapping ])
+    torch_dtr.enable.__kwdefaults__["swap"] = True
 
 
 @pytest.fixture(autouse=True)

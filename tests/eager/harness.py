@@ -109,6 +109,7 @@ class TooMuchRecomputation(RuntimeError):
 REMAT = "plan"  # enable(remat=...) of every run (benchmarks/floors.py --remat stack compares the older way)
 POLICY = None  # enable(policy=...) of every run; None: the default (benchmarks/floors.py --policy compares)
 BANISH = None  # enable(banish_depth=...) of every run; None: the default (benchmarks/floors.py --banish compares)
+SWAP: dict = {}  # enable(swap=..., host_budget=..., swap_gbps=...) of every run (DTR_TEST_SWAP=1: conftest.py)
 
 
 def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check: bool = True,
@@ -123,13 +124,13 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
     assert not torch_dtr.enabled()
     gc.collect()
     torch_dtr.enable(budget=budget, costs=costs, remat=REMAT, **({"policy": POLICY} if POLICY else {}),
-                     **({} if BANISH is None else {"banish_depth": BANISH}))
+                     **({} if BANISH is None else {"banish_depth": BANISH}), **SWAP)
     over = [0]
     try:
         rt = torch_dtr.runtime()
 
         def on_event(kind: str, _s, rt=rt) -> None:
-            if kind != "remat":
+            if kind != "remat" and kind != "swapin":
                 return
             if budget is not None and rt.memory.tracked > budget:
                 over[0] = max(over[0], rt.memory.tracked - budget)

@@ -269,7 +269,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 @cuda
-def test_cuda_budget_bounds_max_memory_allocated_bitwise():
+@pytest.mark.parametrize("swap", [False, True])
+def test_cuda_budget_bounds_max_memory_allocated_bitwise(swap):
+    """With ``swap=True`` the copies out run on a side stream and their device bytes count until they land
+    (NOTE [ Host copies ] 2); the copies are modelled at 1 TB/s so that most victims are swapped."""
     torch.use_deterministic_algorithms(True)
     try:
         # cuBLAS's workspaces (one per handle: the forward's thread and autograd's) are allocated by the
@@ -290,7 +293,7 @@ def test_cuda_budget_bounds_max_memory_allocated_bitwise():
             torch.cuda.reset_peak_memory_stats()
             base[budget] = torch.cuda.memory_allocated()
             if budget != "plain":
-                torch_dtr.enable(budget=budget)
+                torch_dtr.enable(budget=budget, **({"swap": True, "swap_gbps": 1000} if swap else {}))
             try:
                 losses = []
                 for _ in range(STEPS):
@@ -309,6 +312,8 @@ def test_cuda_budget_bounds_max_memory_allocated_bitwise():
         assert l1 == l0 and all(torch.equal(a, b) for a, b in zip(p0, p1, strict=True))
         assert peak1 <= budget, (peak1, budget)
         assert torch_dtr.stats().evictions > 0
+        if swap:
+            assert torch_dtr.stats().swaps_in > 0, torch_dtr.stats()
     finally:
         torch.use_deterministic_algorithms(False)
 

@@ -131,7 +131,7 @@ def test_training_is_bitwise_plain_pytorch(model, opt, budget, request):
         assert st.constant_bytes < nbytes
         assert nbytes < harness.unconstrained_peak(BUILDERS[model], opt)
         assert st.evictions > 0, st
-        assert st.rematerializations > 0, st
+        assert st.rematerializations + st.swaps_in > 0, st
         assert st.peak_bytes <= nbytes, f"peak {st.peak_bytes} B over the budget {nbytes} B"
 
 

@@ -18,6 +18,7 @@ from . import front as _front
 from . import tenants as _tenants
 from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
+from .swap import default_host_budget
 from .tensor import DTRTensor
 
 _LAST: Front | None = None  # the most recent front end, for stats() after disable()
@@ -27,7 +28,8 @@ _FROZE = False  # enable() froze the garbage collector's view of older objects (
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
            remat: str = "plan", banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
-           sync_every: int = 64, expandable_segments: bool | None = None) -> None:
+           sync_every: int = 64, expandable_segments: bool | None = None, swap: bool | str = False,
+           host_budget: int | str | None = None, swap_gbps: float | None = None) -> None:
     """Manage every op from here on: keep memory within ``budget`` by evicting and recomputing.
 
     What the budget bounds: on CUDA, the bytes PyTorch's allocator has handed out on the device
@@ -45,6 +47,11 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
     ``"time"`` (measured around each call, as before 2026-11-23). ``remat``: how evicted inputs come back,
     ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons).
+    ``swap``: evicted values may also be copied to host memory instead of being dropped, when copying them
+    back is cheaper than recomputing them (NOTE [ Swapping ]): ``True``, ``False`` (the default) or ``"auto"``
+    (on for CUDA devices). ``host_budget``: the most bytes held in host memory (default: half the machine's
+    physical memory); ``swap_gbps``: the copy bandwidth the costs assume (default 25 GB/s to a GPU, 2.5 on the
+    CPU; NOTE [ Host copies ]).
     ``banish_depth``: a running sum of values nobody holds is pinned, and the chain behind it freed, once the
     chain has this many links (NOTE [ Banishing ]; 2 by default since 2026-11-25, 08:00 UTC; 0: never)."""
     global _LAST
@@ -75,8 +82,21 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if expandable_segments not in (None, True, False):
         raise ValueError(f"torch_dtr: expandable_segments must be None (automatic), True or False, got "
                          f"{expandable_segments!r}")
+    if swap not in (True, False, "auto"):
+        raise ValueError(f"torch_dtr: swap must be True, False or 'auto' (on for CUDA devices), got {swap!r}")
+    host = parse_budget(host_budget)
+    if swap_gbps is not None and (isinstance(swap_gbps, bool) or not isinstance(swap_gbps, numbers.Real)
+                                  or not swap_gbps > 0):
+        raise ValueError(f"torch_dtr: swap_gbps must be a bandwidth in GB/s > 0 (e.g. 25), got {swap_gbps!r}")
+    if swap is False and (host_budget is not None or swap_gbps is not None):
+        raise ValueError("torch_dtr: host_budget and swap_gbps set the host tier, which is off: pass swap=True "
+                         "(or swap='auto') with them")
+    if swap == "auto":
+        swap = isinstance(device, CudaDevice) or (device is None and torch.cuda.is_available())
+    if swap and host is None:
+        host = default_host_budget()
     f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
-              int(sync_every))
+              int(sync_every), bool(swap), host, None if swap_gbps is None else float(swap_gbps))
     f.expandable_was = _expandable(f.dev, expandable_segments)
     f.mode.__enter__()
     _front.set_active(f)

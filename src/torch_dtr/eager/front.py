@@ -27,6 +27,7 @@ from .mathkeys import math_keys
 from .recipe import Recipe, Ref, clone_storage, fill, flat_outputs, version
 from .rng import RngState
 from .sizes import Sizes, trim
+from .swap import HostTier
 from .tensor import Cell, DTRTensor, geometry, view_of
 
 # NOTE [ Managed vs constant ]
@@ -149,8 +150,10 @@ class Front:
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
                  min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
                  banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
-                 sync_every: int = 64) -> None:
-        self._args = (budget, policy, sample_sqrt, min_evict_bytes, costs, remat, banish_depth, device, sync_every)
+                 sync_every: int = 64, swap: bool = False, host_budget: int | None = None,
+                 swap_gbps: float | None = None) -> None:
+        self._args = (budget, policy, sample_sqrt, min_evict_bytes, costs, remat, banish_depth, device, sync_every,
+                      swap, host_budget, swap_gbps)
         # NOTE [ Tenants ]: the session's total budget, its tenants and their shares (tenants.py)
         self.total = budget
         self.session: Front | None = None  # a tenant's session
@@ -160,9 +163,12 @@ class Front:
             device = CudaDevice()
         # NOTE [ Device memory ]: the budget bounds the device allocator's count; out-of-memory retries
         self.dev = device
+        # NOTE [ Host copies ]: evicted values may be copied to host memory instead of dropped
+        tier = None if not swap else HostTier(isinstance(device, CudaDevice), host_budget,
+                                              None if swap_gbps is None else swap_gbps * 1e9)
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
                           device_usage=None if device is None else device.usage, sync_every=sync_every,
-                          remat=remat, banish_depth=banish_depth, lazy_tracking=True)
+                          remat=remat, banish_depth=banish_depth, lazy_tracking=True, tier=tier)
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
         self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
         # ops and recipes on the device evict and retry on out-of-memory through it

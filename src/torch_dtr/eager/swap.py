@@ -1,0 +1,94 @@
+"""The host tier of a live session: evicted values copied to host memory and back (NOTE [ Swapping ] in
+``core/swap.py``; NOTE [ Host copies ] here)."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..core import Storage, Tier
+
+# NOTE [ Host copies ]
+#
+# 1. A copy is of the payload's whole storage, as bytes, and remembers the payload's dtype and geometry: the
+#    value comes back as a tensor with the same offset, sizes and strides over a fresh storage, which is
+#    all a recomputed payload is.
+# 2. CUDA: the copy out runs on a side stream after the compute stream's work so far (the value may still
+#    be being computed), into pinned host memory; the device tensor is kept alive until the copy's event
+#    has completed, and its bytes count as in flight (``Tier.pending``) until then, so the budget holds
+#    device memory with the copies in flight; ``settle`` polls the events, or waits for them when the
+#    budget needs the bytes. The copy back runs on the compute stream, after that event, from pinned
+#    memory (asynchronous; PyTorch keeps the pinned block until the copy has run). Copies out overlap
+#    compute, so only copies back are charged (``Tier.out_free``).
+# 3. The CPU (and ``SimulatedDevice``): plain synchronous copies into tensors that no dispatch mode sees (a
+#    simulated device does not count them); both directions are charged. This tier saves no RAM on the CPU:
+#    it exists so that every path of swapping runs in CI, with a host budget of its own.
+# 4. Modelled bandwidths (bytes per second of modelled cost, as NOTE [ Modelled costs ]): 25 GB/s to a GPU
+#    (PCIe 4.0/5.0 x16 with pinned memory, rounded down), 2.5 GB/s on the CPU (a copy reads and writes each
+#    byte at ``costs.RATES``' 5 GB/s). ``swap_gbps`` overrides them.
+# 5. The host budget: ``host_budget`` bytes, by default half of the machine's physical memory.
+
+BANDWIDTH = {"cuda": 25e9, "cpu": 2.5e9}
+
+
+def default_host_budget() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): 8 GiB
+        return 8 << 30
+
+
+class HostTier(Tier):
+    """Copies to host memory: pinned and asynchronous from CUDA, plain on the CPU (NOTE [ Host copies ])."""
+
+    def __init__(self, cuda: bool, budget: int | None, bandwidth: float | None = None) -> None:
+        super().__init__(budget, bandwidth or BANDWIDTH["cuda" if cuda else "cpu"], out_free=cuda)
+        self.cuda = cuda
+        self.stream: Any = None  # the side stream of copies out, made at the first one
+        self.flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (event, device tensor kept alive, bytes)
+
+    def copy_out(self, s: Storage) -> Any:
+        p: torch.Tensor = s.payload
+        with _disable_current_modes(), torch.no_grad():
+            src = torch.empty(0, dtype=torch.uint8, device=p.device).set_(p.untyped_storage())
+            if self.cuda and p.device.type == "cuda":
+                if self.stream is None:
+                    self.stream = torch.cuda.Stream(p.device)
+                host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
+                self.stream.wait_stream(torch.cuda.current_stream(p.device))
+                with torch.cuda.stream(self.stream):
+                    host.copy_(src, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record(self.stream)
+                self.flight.append((event, p, s.nbytes))
+                self.pending += s.nbytes
+            else:
+                host = src.clone()
+                event = None
+        return host, event, p.dtype, p.storage_offset(), tuple(p.size()), tuple(p.stride()), p.device
+
+    def copy_in(self, s: Storage) -> Any:
+        host, event, dtype, offset, size, stride, device = s.host
+        with torch.no_grad():
+            if event is not None:
+                torch.cuda.current_stream(device).wait_event(event)
+                flat = torch.empty(host.numel(), dtype=torch.uint8, device=device)
+                flat.copy_(host, non_blocking=True)
+            else:
+                flat = host.to(device, copy=True)
+            return torch.empty(0, dtype=dtype, device=device).set_(flat.untyped_storage(), offset, size, stride)
+
+    def settle(self, wait: bool) -> None:
+        flight = self.flight
+        while flight:
+            event, _, nbytes = flight[0]
+            if wait:
+                event.synchronize()
+            elif not event.query():
+                break
+            flight.popleft()
+            self.pending -= nbytes

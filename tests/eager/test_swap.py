@@ -1,0 +1,131 @@
+"""The host tier live (NOTE [ Swapping ], NOTE [ Host copies ]): training with values copied out and back is
+bitwise plain PyTorch's, the budget and the host budget hold, and both ways of evicting run."""
+
+from __future__ import annotations
+
+import harness
+import pytest
+import torch
+from models import BUILDERS
+
+import torch_dtr
+from torch_dtr import SimulatedDevice
+
+FAST = ("mlp", "cnn", "transformer", "lstm_loop", "tree_rnn", "moe")
+
+
+def _run_swapping(model: str, ratio: float, **swap) -> tuple[int, harness.RunResult]:
+    builder = BUILDERS[model]
+    budget = max(int(ratio * harness.unconstrained_peak(builder, "adam")),
+                 int(1.25 * harness.unconstrained_stats(builder, "adam").floor_bytes))
+    old = dict(harness.SWAP)
+    harness.SWAP.clear()
+    harness.SWAP.update(swap)
+    try:
+        return budget, harness.run_dtr(builder, "adam", budget)
+    finally:
+        harness.SWAP.clear()
+        harness.SWAP.update(old)
+
+
+@pytest.mark.parametrize("model", FAST)
+def test_training_with_cheap_copies_is_bitwise_and_copies_back_instead_of_recomputing(model):
+    """At 50% of the peak (or 1.25x the floor), with copies modelled at 1 TB/s: most victims are swapped."""
+    budget, got = _run_swapping(model, 0.5, swap=True, swap_gbps=1000)
+    harness.assert_same(harness.run_plain(BUILDERS[model], "adam"), got)
+    st = got.stats
+    assert st.peak_bytes <= budget and st.evictions > 0
+    assert st.swaps_out > 0 and st.swaps_in > 0, st
+    assert got.remat_overshoot == 0
+
+
+@pytest.mark.parametrize("model", ("mlp", "lstm_loop", "transformer"))
+def test_a_small_host_budget_mixes_copies_and_recomputation_bitwise(model):
+    """At 50% of the peak (or 1.25x the floor) with room for a few copies only: both ways of evicting run, the
+    host budget holds (``check`` asserts it after every step)."""
+    peak = harness.unconstrained_peak(BUILDERS[model], "adam")
+    host = peak // 10
+    budget, got = _run_swapping(model, 0.5, swap=True, swap_gbps=1000, host_budget=host)
+    harness.assert_same(harness.run_plain(BUILDERS[model], "adam"), got)
+    st = got.stats
+    assert st.peak_bytes <= budget
+    assert st.swaps_out > 0 and st.rematerializations > 0, st
+    assert 0 < st.host_peak_bytes <= host
+
+
+def test_swapping_trains_the_lstm_loop_below_what_recomputation_alone_can():
+    """The tests' LSTM loop at 1.25x its single-op floor (44% of its peak): recomputation alone raises
+    BudgetError (its smallest feasible budget is about 50%); with the host tier at the CPU's modelled
+    bandwidth it trains, bitwise, with a fraction of the recomputations."""
+    with pytest.raises(torch_dtr.BudgetError):
+        _run_swapping("lstm_loop", 0.0)
+    budget, got = _run_swapping("lstm_loop", 0.0, swap=True)
+    harness.assert_same(harness.run_plain(BUILDERS["lstm_loop"], "adam"), got)
+    st = got.stats
+    assert st.peak_bytes <= budget and st.swaps_in > 0
+    assert budget < 0.5 * harness.unconstrained_peak(BUILDERS["lstm_loop"], "adam")
+
+
+def test_without_the_tier_nothing_is_copied():
+    budget, got = _run_swapping("mlp", 0.5)
+    assert got.stats.evictions > 0 and got.stats.swaps_out == 0 and got.stats.host_peak_bytes == 0
+
+
+def test_host_copies_are_not_device_memory_on_a_simulated_device():
+    """On a ``SimulatedDevice`` the copies are host memory: the allocator's own peak stays within the budget."""
+    def train(budget=None, **kw):
+        with SimulatedDevice(None, scale=1 / 8) as dev:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh())
+                                          for _ in range(24)])
+            x = torch.randn(2048, 64, generator=torch.Generator().manual_seed(1))
+            if kw or budget:
+                torch_dtr.enable(budget=budget, device=dev, **kw)
+            try:
+                loss = model(x).pow(2).mean()
+                loss.backward()
+            finally:
+                st = torch_dtr.stats() if torch_dtr.enabled() else None
+                torch_dtr.disable()
+            return loss.item(), [p.grad.clone() for p in model.parameters()], dev.max_allocated(), st
+
+    l0, g0, peak0, _ = train()
+    budget = int(0.5 * peak0)
+    l1, g1, peak1, st = train(budget, swap=True, swap_gbps=1000)
+    assert l1 == l0 and all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+    assert st.swaps_out > 0 and st.swaps_in > 0, st
+    assert peak1 <= budget, (peak1, budget)
+
+
+def test_values_read_after_disable_come_back_from_their_copies():
+    torch.manual_seed(0)
+    x = torch.randn(256, 256)
+    want = [(x @ x * k).tanh() for k in range(8)]
+    torch_dtr.enable(budget="2MB", swap=True, swap_gbps=1000)
+    with torch.no_grad():  # inference: what it makes is managed (NOTE [ Managed vs constant ])
+        outs = [(x @ x * k).tanh() for k in range(8)]
+    assert torch_dtr.stats().swaps_out > 0
+    torch_dtr.disable()
+    assert all(torch.equal(torch_dtr.unwrap(o), w) for o, w in zip(outs, want, strict=True))
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"swap": "yes"}, "swap must be True, False or 'auto'"),
+    ({"swap": True, "swap_gbps": 0}, "swap_gbps must be a bandwidth"),
+    ({"host_budget": "1GB"}, "pass swap=True"),
+    ({"swap": True, "host_budget": "lots"}, "cannot read budget"),
+])
+def test_bad_swap_options_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        torch_dtr.enable(budget="1GB", **kw)
+    assert not torch_dtr.enabled()
+
+
+def test_auto_swaps_on_cuda_only():
+    torch_dtr.enable(budget="1GB", swap="auto", device=SimulatedDevice(None))
+    assert torch_dtr.runtime().tier is None
+    torch_dtr.disable()
+    torch_dtr.enable(budget="1GB", swap=True)
+    tier = torch_dtr.runtime().tier
+    assert tier is not None and tier.budget > 0 and not tier.out_free
+    torch_dtr.disable()
