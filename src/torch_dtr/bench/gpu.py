@@ -90,10 +90,12 @@ def work(spec: dict) -> dict:
         if kind == "dtr":
             # on CUDA enable() switches expandable segments on by default; the simulated device follows it
             torch_dtr.enable(budget=spec.get("budget"), device=sim,
-                             expandable_segments=spec.get("expandable", True if sim is not None else None))
+                             expandable_segments=spec.get("expandable", True if sim is not None else None),
+                             swap=spec.get("swap", False))
             if cuda:
                 out["allocator_settings"] = _allocator_settings()
-        noop = _noop_mode() if kind == "noop" else contextlib.nullcontext()
+        noop = (_noop_mode() if kind == "noop" else torch.autograd.graph.save_on_cpu(pin_memory=cuda)
+                if kind == "save_on_cpu" else contextlib.nullcontext())
         prof = cProfile.Profile() if spec.get("profile") else None
         times, losses = [], []
         try:
@@ -121,7 +123,8 @@ def work(spec: dict) -> dict:
                 st = torch_dtr.stats()
                 torch_dtr.disable()
                 out |= {"evictions": st.evictions, "remats": st.rematerializations, "oom_retries": st.oom_retries,
-                        "syncs": st.syncs, "ops": st.ops, "floor": st.floor_bytes, "peak_counted": st.peak_bytes}
+                        "syncs": st.syncs, "ops": st.ops, "floor": st.floor_bytes, "peak_counted": st.peak_bytes,
+                        "swaps_out": st.swaps_out, "swaps_in": st.swaps_in, "host_peak": st.host_peak_bytes}
         out |= {"step_s": statistics.median(times), "losses": losses, "digest": _digest(model)}
     except (torch_dtr.BudgetError, torch.OutOfMemoryError) as e:
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -192,8 +195,10 @@ def plan_workload(name: str, device: str, quick: bool, cap: int | None, say: Any
         if b in done or b >= plain["max_allocated"]:
             continue
         done.add(b)
-        run({"kind": "dtr", "budget": b, "label": f"torch-dtr {b / plain['max_allocated']:.0%}"
-             + ("" if b == int(plain["max_allocated"] * r) else " (1.25x floor)")})
+        tag = f"{b / plain['max_allocated']:.0%}" + ("" if b == int(plain["max_allocated"] * r) else " (1.25x floor)")
+        run({"kind": "dtr", "budget": b, "label": f"torch-dtr {tag}"})
+        run({"kind": "dtr", "budget": b, "swap": True, "label": f"torch-dtr + host copies {tag}"})
+    run({"kind": "save_on_cpu", "label": "save_on_cpu (every saved activation to host memory)"})
     if common["workload"] in workloads.CHECKPOINTABLE:
         block = run({"kind": "ckpt_block", "label": "checkpoint every block"})
         run({"kind": "ckpt_sqrt", "label": "checkpoint sqrt(n) segments"})
@@ -209,7 +214,10 @@ def plan_workload(name: str, device: str, quick: bool, cap: int | None, say: Any
     w["scale"] = []
     tries = [{"kind": "plain", "label": "plain PyTorch"},
              {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"},
-             {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}]
+             {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"},
+             {"kind": "dtr", "budget": int(cap * 0.8), "swap": True,
+              "label": "torch-dtr + host copies, budget 80% of the cap"},
+             {"kind": "save_on_cpu", "label": "save_on_cpu"}]
     if common["workload"] in workloads.CHECKPOINTABLE:
         tries.insert(1, {"kind": "ckpt_block", "label": "checkpoint every block"})
     for t in tries:
@@ -285,8 +293,8 @@ def report(res: dict) -> str:
             continue
         plain = w["contenders"][0]
         lines += ["| contender | budget | max allocated | of plain | max reserved | reserved / allocated | step | "
-                  "vs plain | bitwise | evictions | recomputations | note |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+                  "vs plain | bitwise | evictions | recomputations | copies back | note |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
         for r in w["contenders"]:
             alloc, resv = r.get("max_allocated"), r.get("max_reserved")
             step = r.get("step_s")
@@ -295,12 +303,13 @@ def report(res: dict) -> str:
             same = "yes" if r.get("bitwise") else "NO" if step else "-"
             note = r.get("error", "")[:160]
             if not alloc:
-                lines.append(f"| {r['label']} | {_mb(r.get('budget'))} | - | - | - | - | - | - | - | - | - | {note} |")
+                lines.append(f"| {r['label']} | {_mb(r.get('budget'))} | - | - | - | - | - | - | - | - | - | - | "
+                             f"{note} |")
                 continue
             lines.append(
                 f"| {r['label']} | {_mb(r.get('budget'))} | {_mb(alloc)} | {alloc / plain['max_allocated']:.0%} | "
                 f"{_mb(resv)} | {resv / alloc if resv else 0:.2f} | {ms} | {ratio} | {same} | "
-                f"{r.get('evictions', '-')} | {r.get('remats', '-')} | {note} |")
+                f"{r.get('evictions', '-')} | {r.get('remats', '-')} | {r.get('swaps_in', '-')} | {note} |")
         if not w.get("scale"):
             lines.append("")
             continue

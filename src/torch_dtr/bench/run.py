@@ -24,6 +24,7 @@ from ..deps import need_all
 from . import workloads
 
 RATIOS = (1.0, 0.7, 0.5, 0.3)
+SWAP_RATIOS = (0.5, 0.3)
 COMPILE_BUDGETS = (0.5, 0.3)
 REMATS_PER_OP = 3  # the search's feasibility rule: a step may recompute at most 3 x its op count
 
@@ -68,6 +69,9 @@ def _contenders(plan: Plan, name: str, peak: int, min_ratio: float | None, ops: 
     for r in RATIOS:
         cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "label": f"torch-dtr {r:.0%}",
                    "max_remats": cap})
+        if r in SWAP_RATIOS:  # NOTE [ Swapping ]: the host tier at the CPU's modelled copy bandwidth
+            cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "swap": True,
+                       "label": f"torch-dtr + host copies {r:.0%}", "max_remats": cap})
     if min_ratio is not None:
         r = min(1.0, min_ratio * 1.03)  # a little above the bisection's edge: eviction choices vary run to run
         cs.append({"kind": "dtr", "budget": int(peak * r), "ratio": r, "label": f"torch-dtr min ({r:.0%})",
@@ -96,7 +100,8 @@ def run(plan: Plan) -> dict[str, Any]:
     total = 0
     for m in plan.models:
         extra = m in workloads.CHECKPOINTABLE  # the run that measures block checkpointing's memory, its contender
-        total += 3 + extra + (plan.rounds + 1) * (8 + extra) + (0 if plan.quick or m == "lstm" else 4)
+        per_round = 8 + len(SWAP_RATIOS) + extra
+        total += 3 + extra + (plan.rounds + 1) * per_round + (0 if plan.quick or m == "lstm" else 4)
     bar = tqdm(total=total, desc="bench", unit="job", file=sys.stderr)
     timeout = 900 if plan.quick else 1800
     for name in plan.models:

@@ -115,7 +115,7 @@ def run(spec: dict) -> dict:
             return res | {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         res["compile_s"] = time.perf_counter() - t0
     if kind == "dtr":
-        torch_dtr.enable(budget=spec["budget"])
+        torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False))
         _cap_remats(spec.get("max_remats", 10**9))  # per step; run.py passes 3 x ops per step, as the search
     try:
         res |= _train(spec, model, batches, step)
@@ -127,7 +127,8 @@ def run(spec: dict) -> dict:
             torch_dtr.disable()
             res |= {"peak_tracked": st.peak_bytes, "evictions": st.evictions, "remats": st.rematerializations,
                     "remat_s": st.remat_seconds, "search_s": st.search_seconds, "ops": st.ops,
-                    "constant_bytes": st.constant_bytes, "ops_per_step": st.ops / n}
+                    "constant_bytes": st.constant_bytes, "ops_per_step": st.ops / n, "swaps_in": st.swaps_in,
+                    "host_peak": st.host_peak_bytes}
     res["peak_rss"] = _rss()
     res["rss_over_base"] = res["peak_rss"] - base_rss
     if "error" in res:
