@@ -88,8 +88,9 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cap", default="16GiB")
-    ap.add_argument("--plan", choices=("first", "followup"), default="first",
-                    help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off")
+    ap.add_argument("--plan", choices=("first", "followup", "swap"), default="first",
+                    help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off; "
+                         "swap: the host tier on GPT-2 small against recomputation alone and save_on_cpu")
     ap.add_argument("--render", nargs="+", default=None,
                     help="write docs/benchmarks-cuda.md from saved gpu-session.json files, in order")
     a = ap.parse_args()
@@ -149,6 +150,8 @@ def main() -> int:
 
     if a.plan == "followup":
         return followup(a, run, save, out, t_start, res)
+    if a.plan == "swap":
+        return swap(a, run, save, w_of, size_of, t_start, res)
     # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
     plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
     if plain and "max_allocated" in plain and "error" not in plain:
@@ -214,6 +217,50 @@ def followup(a: Any, run: Any, save: Any, out: Path, t_start: float, res: dict) 
             b = int(p["max_allocated"] * 0.5)
             run(name, {"kind": "dtr", "budget": b, "label": "torch-dtr 50%"})
             run(name, {"kind": "dtr", "budget": b, "expandable": False, "label": "torch-dtr 50%, expandable off"})
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
+    return 0
+
+
+# GPT-2 small's single-op floor on an H200 (torch 2.11): docs/gpu/h200-2026-11-26.json, "torch-dtr, no budget"
+GPT2_SMALL_FLOOR = 4_049_416_704
+GPT2_SMALL_CKPT_BLOCK = 4_241_284_608  # checkpoint every block's max_memory_allocated, the same run
+
+
+def swap(a: Any, run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, res: dict) -> int:
+    """The host tier (NOTE [ Swapping ]) on GPT-2 small, most needed first: at 1.25x the single-op floor with and
+    without it, save_on_cpu, at block checkpointing's memory and at 50%, then the largest batch under the cap."""
+    res["command"] = res["command"] + " --plan swap"
+    name = "gpt2-small"
+    plain = run(name, {"kind": "plain", "label": "plain PyTorch"})
+    if plain is None or "error" in plain:
+        return 1
+    peak = plain["max_allocated"]
+    b37 = max(int(1.25 * GPT2_SMALL_FLOOR), int(0.25 * peak))
+    tag = f"{b37 / peak:.0%} (1.25x floor)"
+    run(name, {"kind": "dtr", "budget": b37, "swap": True, "label": f"torch-dtr + host copies {tag}"})
+    run(name, {"kind": "dtr", "budget": b37, "label": f"torch-dtr {tag}"})
+    run(name, {"kind": "save_on_cpu", "label": "save_on_cpu (every saved activation to host memory)"})
+    run(name, {"kind": "dtr", "budget": GPT2_SMALL_CKPT_BLOCK, "swap": True,
+               "label": "torch-dtr + host copies at block checkpointing's memory"})
+    run(name, {"kind": "dtr", "budget": peak // 2, "swap": True, "label": "torch-dtr + host copies 50%"})
+    run(name, {"kind": "dtr", "budget": peak // 2, "label": "torch-dtr 50%"})
+    w = w_of(name)
+    cap = w["cap"]
+    base = size_of(name)
+    for spec in ({"kind": "dtr", "budget": int(cap * 0.8), "swap": True,
+                  "label": "torch-dtr + host copies, budget 80% of the cap"},
+                 {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}):
+        best = None
+        for m in (4, 5, 6):
+            r = run(name, spec | {"cap": cap, "label": f"{spec['label']} x{m}"}, steps=1,
+                    size=workloads.Size(**(base.__dict__ | {"batch": base.batch * m})))
+            if r is None or "error" in r:
+                break
+            best = r
+        w["scale"].append({"label": spec["label"], "batch": best["batch"] if best else 0,
+                           "samples_s": best["batch"] / best["step_s"] if best else 0.0})
+        save()
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
     return 0

@@ -22,7 +22,8 @@ def test_device_bench_on_the_simulated_allocator_writes_a_report(tmp_path):
     assert plain["max_allocated"] > 0 and plain["step_s"] > 0
     budgeted = [c for c in w["contenders"] if c["kind"] == "dtr" and c.get("budget")]
     labels = [c["label"] for c in budgeted]
-    assert len(budgeted) == 3 and labels[0] == "torch-dtr 50%", labels  # 50%, 30% (or 1.25x the floor), at ckpt's
+    # 50% and 30% (or 1.25x the floor), each recomputing only and with the host tier; at ckpt's memory
+    assert len(budgeted) == 5 and labels[:2] == ["torch-dtr 50%", "torch-dtr + host copies 50%"], labels
     for c in budgeted:
         assert c["max_allocated"] <= c["budget"], c
         if c is budgeted[-1] and c.get("error", "").startswith("BudgetError"):  # ckpt's memory may be below it
@@ -30,6 +31,8 @@ def test_device_bench_on_the_simulated_allocator_writes_a_report(tmp_path):
         assert "error" not in c, c["error"]
         assert c["bitwise"], f"{c['label']}: losses or parameters differ from plain PyTorch's"
     assert by["checkpoint every block"]["bitwise"] and by["torch-dtr, no budget"]["bitwise"]
+    save = next(c for c in w["contenders"] if c["kind"] == "save_on_cpu")
+    assert save["bitwise"] and save["max_allocated"] > 0
     scale = {s["label"]: s for s in w["scale"]}
     assert scale["plain PyTorch"]["batch"] >= 2, "plain's own peak is the cap: its base batch fits"
     assert scale["torch-dtr, no budget"]["batch"] >= scale["plain PyTorch"]["batch"]

@@ -223,7 +223,7 @@ def test_complex_pinv_and_lstsq_under_enable_are_bitwise_plain(evict):
     try:
         got = run()
         if evict:
-            assert torch_dtr.stats().rematerializations > 0
+            assert torch_dtr.stats().rematerializations + torch_dtr.stats().swaps_in > 0
     finally:
         torch_dtr.disable()
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from util import evict_all, plain
+from util import came_back, evict_all, plain
 
 import torch_dtr
 from torch_dtr.eager.tensor import DTRTensor
@@ -61,7 +61,7 @@ def test_writes_through_data_do_not_change_values_computed_before(update, evict)
         got = _manual_sgd(update, evict)
         torch_dtr.runtime().check()
         if evict:
-            assert torch_dtr.stats().rematerializations > 0
+            assert came_back(torch_dtr.stats()) > 0
     finally:
         torch_dtr.disable()
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
@@ -214,7 +214,7 @@ def test_an_in_place_write_to_a_pinned_value_keeps_the_old_value_for_readers():
     try:
         got = _write_to_a_pinned_value_that_a_recipe_reads(True)
         rt = torch_dtr.runtime()
-        assert rt.rematerializations > 0
+        assert came_back(rt.stats()) > 0
         rt.check()
     finally:
         torch_dtr.disable()

@@ -81,7 +81,7 @@ def test_budget_bounds_the_allocators_count_bitwise(plain, unbudgeted, ratio):
     run = _train(budget)
     _same(run, plain)
     st = run["stats"]
-    assert st.evictions > 0 and st.rematerializations > 0
+    assert st.evictions > 0 and st.rematerializations + st.swaps_in > 0
     assert run["max_allocated"] <= budget, (
         f"allocator peak {run['max_allocated']} > budget {budget} ({budget / plain['max_allocated']:.0%} of plain's "
         f"peak, floor {floor})")

@@ -20,7 +20,7 @@ def _run_swapping(model: str, ratio: float, **swap) -> tuple[int, harness.RunRes
                  int(1.25 * harness.unconstrained_stats(builder, "adam").floor_bytes))
     old = dict(harness.SWAP)
     harness.SWAP.clear()
-    harness.SWAP.update(swap)
+    harness.SWAP.update({"swap": False} | swap)
     try:
         return budget, harness.run_dtr(builder, "adam", budget)
     finally:
@@ -112,7 +112,7 @@ def test_values_read_after_disable_come_back_from_their_copies():
 @pytest.mark.parametrize("kw,match", [
     ({"swap": "yes"}, "swap must be True, False or 'auto'"),
     ({"swap": True, "swap_gbps": 0}, "swap_gbps must be a bandwidth"),
-    ({"host_budget": "1GB"}, "pass swap=True"),
+    ({"swap": False, "host_budget": "1GB"}, "pass swap=True"),
     ({"swap": True, "host_budget": "lots"}, "cannot read budget"),
 ])
 def test_bad_swap_options_are_named(kw, match):

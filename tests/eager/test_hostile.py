@@ -11,7 +11,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from util import evict_all
+from util import came_back, evict_all
 
 import torch_dtr
 from torch_dtr.eager import sizes as _sizes
@@ -171,7 +171,7 @@ def _matches_plain(step, budget=None, evict=True) -> None:
     torch_dtr.enable(budget=budget)
     try:
         loss, grads = step(evict)
-        assert torch_dtr.stats().rematerializations > 0
+        assert came_back(torch_dtr.stats()) > 0
     finally:
         torch_dtr.disable()
     assert torch.equal(loss, want_loss)
@@ -277,7 +277,7 @@ def test_a_worker_thread_is_managed_when_attached_and_plain_otherwise():
     try:
         got = _train_in_a_thread(True, True)
         s = torch_dtr.stats()
-        assert s.ops > 0 and s.rematerializations > 0
+        assert s.ops > 0 and came_back(s) > 0
         ops = s.ops
         unattached = _train_in_a_thread(False, False)
         assert torch_dtr.stats().ops == ops, "a thread that did not attach ran managed ops"
@@ -417,7 +417,7 @@ def test_sparse_embedding_and_zero_grad_without_none_match_plain():
     torch_dtr.enable(budget=None)
     try:
         got = _sparse_embedding_steps(True)
-        assert torch_dtr.stats().rematerializations > 0
+        assert came_back(torch_dtr.stats()) > 0
         torch_dtr.runtime().check()
     finally:
         torch_dtr.disable()

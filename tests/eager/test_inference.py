@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from util import SWAPPING
 
 import torch_dtr
 from torch_dtr.eager import peek
@@ -53,7 +54,7 @@ def test_kept_outputs_of_a_serving_loop_are_evicted_and_recomputed_within_budget
     assert budget >= 1.25 * unbudgeted.floor_bytes, "the test's sizes leave room to recompute at this ratio"
     same, st = _serve(budget, mode)
     assert same, "outputs differ from plain PyTorch's"
-    assert st.peak_bytes <= budget and st.evictions > 0 and st.rematerializations > 0
+    assert st.peak_bytes <= budget and st.evictions > 0 and st.rematerializations + st.swaps_in > 0
 
 
 def test_inference_without_a_budget_counts_what_it_holds():
@@ -117,7 +118,7 @@ def test_greedy_generate_with_a_kv_cache_at_half_its_peak_or_1_25x_its_floor():
     assert same and st.peak_bytes <= budget and st.evictions > 0, (ratio, st)
 
 
-@pytest.mark.xfail(strict=True, raises=torch_dtr.BudgetError,
+@pytest.mark.xfail(not SWAPPING, strict=True, raises=torch_dtr.BudgetError,
                    reason="measured 2026-11-25: with 40 new tokens, generate() at 1.25x its single-op floor raises "
                    "BudgetError: each step's KV cache is cat(previous cache, new keys), so evicting one means "
                    "recomputing every step before it through every layer (a plan of ~1,200 recomputations that "

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from util import evict_all, plain
+from util import came_back, evict_all, plain
 
 import torch_dtr
 from torch_dtr.eager.tensor import DTRTensor
@@ -68,7 +68,7 @@ def test_views_and_inplace_match_plain_under_eviction():
     torch_dtr.enable(budget=None)
     got = _views_program(w)
     st = torch_dtr.stats()
-    assert st.evictions > 0 and st.rematerializations > 0
+    assert st.evictions > 0 and came_back(st) > 0
     assert all(type(g) is DTRTensor for g in got)
     got = plain(got)
     assert type(w.grad) is torch.Tensor
@@ -107,7 +107,7 @@ def test_write_to_constant_from_managed_value_stays_plain():
 def test_dropout_masks_identical_after_eviction():
     torch.manual_seed(3)
     w = torch.randn(64, 64, requires_grad=True)
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=None, swap=False)  # recomputation itself is tested
     torch.manual_seed(7)
     d = F.dropout(torch.ones(32, 64) @ w, p=0.5, training=True)
     first = plain(d)
@@ -140,7 +140,7 @@ def test_random_op_with_explicit_generator_replays():
 
 def test_recomputed_exactly_once():
     w = torch.randn(16, 16, requires_grad=True)
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=None, swap=False)  # recomputation itself is tested
     a = torch.tanh(torch.ones(4, 16) @ w)
     b = a * 3
     evict_all()
@@ -230,7 +230,7 @@ def test_budget_scope_nests_and_restores():
 def test_long_chain_rematerializes_without_recursion_error():
     w = torch.ones(64, requires_grad=True)
     size = 64 * 4
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=None, swap=False)  # recomputation itself is tested
     x = w * 1.0
     for _ in range(20_000):
         x = x * 1.0001
@@ -283,7 +283,7 @@ def test_an_evicted_in_place_chain_comes_back_in_one_buffer():
     x = torch.randn(128, 128, requires_grad=True)
     with torch.no_grad():
         want = (x * 2).sigmoid_().mul_(3).add_(1)
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=None, swap=False)  # recomputation itself is tested
     try:
         y = x * 2
         y.sigmoid_()

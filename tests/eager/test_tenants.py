@@ -75,7 +75,7 @@ def test_two_models_as_tenants_train_bitwise_within_their_shares_while_the_total
     assert all(torch.equal(p, q) for m, w in zip(models, want_params, strict=True)
                for p, q in zip(m.parameters(), w, strict=True))
     for st in (a, b):
-        assert st.evictions > 0 and st.rematerializations > 0 and st.ops > 0
+        assert st.evictions > 0 and st.rematerializations + st.swaps_in > 0 and st.ops > 0
         assert st.peak_bytes <= total // 3 + 1, "each tenant within a third (the session itself is the third)"
     assert main.ops == 0, "every op ran under a tenant"
     assert budgets[2] == budgets[3] == (int(total * 0.8) // 3, int(total * 0.8) // 3)

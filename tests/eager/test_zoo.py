@@ -13,6 +13,7 @@ from __future__ import annotations
 import harness
 import pytest
 import torch
+from util import SWAPPING
 from zoo import ZOO
 
 import torch_dtr
@@ -50,7 +51,7 @@ def _cases():
     for budget in ("unlimited", "50pct_or_1.25floor"):
         for name in ZOO:
             marks = [pytest.mark.slow]
-            if budget != "unlimited" and name in KNOWN_LOW:
+            if budget != "unlimited" and name in KNOWN_LOW and not SWAPPING:  # the host tier trains them
                 marks.append(pytest.mark.xfail(strict=True, raises=torch_dtr.BudgetError, reason=KNOWN_LOW[name]))
             yield pytest.param(name, budget, marks=marks, id=f"{budget}-{name}")
 
@@ -74,7 +75,7 @@ def test_zoo_model_trains_bitwise_plain(name, budget, request):
         got = harness.run_dtr(ZOO[name], "sgd", nbytes, steps=STEPS)
         st = got.stats
         request.node.user_properties.append(("stats", repr(st)))
-        assert st.peak_bytes <= nbytes and st.evictions > 0 and st.rematerializations > 0, st
+        assert st.peak_bytes <= nbytes and st.evictions > 0 and st.rematerializations + st.swaps_in > 0, st
     harness.assert_same(ref, got)
     assert got.grad_types <= {torch.Tensor}
     assert not torch_dtr.enabled()

@@ -1,9 +1,20 @@
 """Helpers shared by the eager tests."""
 
+import os
+
 import torch
 
 import torch_dtr
 from torch_dtr.eager.tensor import DTRTensor
+
+# DTR_TEST_SWAP=1: every test runs with the host tier on (conftest.py); evicted values may then come back by
+# their copies instead of their recipes, and some budgets that fail recomputing only train
+SWAPPING = os.environ.get("DTR_TEST_SWAP") == "1"
+
+
+def came_back(st) -> int:
+    """Evicted values brought back, by recomputation or from the host tier (``torch_dtr.Stats``)."""
+    return st.rematerializations + st.swaps_in
 
 
 def evict_all() -> int:

@@ -256,12 +256,12 @@ def _reads(s: Storage) -> Sequence[Storage]:
     return () if s.host is not None else s.op.inputs  # type: ignore[union-attr]
 
 
-def _recompute_cost(s: Storage, enough: float, most: int = 64) -> float:
-    """What recomputing the resident ``s`` would run now for nothing else: its recipe and its evicted ancestors
-    that nothing holds (an ancestor with a handle would be recomputed for its own reader anyway, so it is not
-    charged to ``s``; swapped ones are copied back), summed until it passes ``enough`` or ``most`` recipes
-    were visited (NOTE [ Swapping ] 2)."""
-    total = s.cost
+def _recompute_cost(s: Storage, enough: float, per_op: float, most: int = 64) -> float:
+    """What recomputing the resident ``s`` would cost now for nothing else (NOTE [ Swapping ] 2): its recipe, and
+    half of its evicted ancestors that nothing holds (an ancestor with a handle is recomputed for its own reader
+    anyway; a chain recomputed once serves several of its values), each recipe plus ``per_op``; summed until it
+    passes ``enough`` or ``most`` recipes were visited."""
+    total = s.cost + per_op
     seen: set[Op] = set()
     work = [i for i in s.op.inputs if not i.resident and i.host is None and i.refs == 0]  # type: ignore[union-attr]
     while work and total <= enough and len(seen) < most:
@@ -269,7 +269,7 @@ def _recompute_cost(s: Storage, enough: float, most: int = 64) -> float:
         if op is None or op in seen:
             continue
         seen.add(op)
-        total += op.cost
+        total += 0.5 * (op.cost + per_op)
         work.extend(i for i in op.inputs if not i.resident and i.host is None and i.refs == 0)
     return total
 
@@ -876,7 +876,7 @@ class Runtime:
             copy += tier.out_cost(n)
         if not s.recomputable:
             return True
-        return copy < _recompute_cost(s, copy)
+        return copy < _recompute_cost(s, copy, tier.per_op)
 
     def _swap_in(self, s: Storage) -> None:
         """Copy the swapped ``s`` back (NOTE [ Swapping ] 3); it keeps its copy as a spare (rule 4)."""

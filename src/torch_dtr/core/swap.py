@@ -7,15 +7,19 @@
 #    storage is not resident (its bytes leave the budget) and has ``Storage.host`` set: the tier's handle.
 # 2. The choice, per victim (``Runtime._swaps``): the policy picks the victim as without a tier; it is swapped
 #    when the tier has room and copying it back (and out, when it has no copy yet, unless copies out overlap
-#    compute: ``Tier.out_free``) costs less than recomputing it for nothing else: its recipe plus its evicted
-#    ancestors that nothing holds (an ancestor with a handle is recomputed for its own reader anyway). A value
+#    compute: ``Tier.out_free``) costs less than recomputing it for nothing else: its recipe plus half of its
+#    evicted ancestors that nothing holds (an ancestor with a handle is recomputed for its own reader anyway;
+#    a chain recomputed once serves several of its values), each recipe with ``Tier.per_op`` added. A value
 #    with a copy is decided again each time it is evicted (its copy goes when recomputing became cheaper).
-#    Measured on the DTR authors' three logs at 0.2-0.6 of their peaks, 12 GB/s (copies out paid or
-#    overlapped) and 50 GB/s (overlapped): this rule lowers the summed overhead by 0.88 and is worse in 1
-#    of 45 cells (by 0.08%); charging every evicted ancestor, 0.79 and 6 worse cells (ResNet-32 copied back
-#    171 MiB values that cost 2 ms to recompute once their ancestors were back anyway); charging only the
-#    recipe, 0.17 and none; also scoring candidates by min(recompute, copy) (MegTaiChi's), 20 worse cells
-#    (``Tier.score``, off). ``python benchmarks/swap_sim.py`` writes docs/swap.md.
+#    Replayed on 24 logs at 0.2-0.9 of their peaks (``python benchmarks/swap_sim.py``, docs/swap.md; copies at
+#    the device's memory bandwidth / 50), with copies out overlapped: never worse than recomputation alone
+#    in 192 cells, better in 17; charging every such ancestor in full: worse in 3 (the bench's LSTM at 0.7:
+#    1.158 vs 1.089, 60 copies back where recomputing chains served many values at once); every evicted
+#    ancestor: worse in 6 of the shared logs' 45 (ResNet-32 copied back 171 MiB values that cost 2 ms to
+#    recompute once their ancestors were back anyway); the recipe alone: better in 5 only. Paid copies out
+#    (the CPU's tier) are worse in 4 cells, better in 8: an insurance paid for values never read again.
+#    Scoring candidates by min(recompute, copy) (MegTaiChi's) was worse in 20 of the shared logs' 45 cells
+#    (``Tier.score``, off).
 # 3. A swapped storage needs no recipe to come back: plans treat it as a leaf (one step, no inputs), so it
 #    also cuts the evicted chains behind it. Trackers never hear of it (it is not in any evicted
 #    neighbourhood): recomputing a reader costs its copy, not its ancestors.
@@ -45,7 +49,8 @@ class Tier:
     A driver subclasses it for real copies (``copy_out``, ``copy_in``, ``discard``, ``settle``); this base
     class keeps the driver's payload object as the handle (the simulator's fake payloads)."""
 
-    def __init__(self, budget: int | None = None, bandwidth: float = 1.0, out_free: bool = False) -> None:
+    def __init__(self, budget: int | None = None, bandwidth: float = 1.0, out_free: bool = False,
+                 per_op: float = 0.0) -> None:
         if budget is not None and budget < 0:
             raise ValueError(f"torch_dtr: host_budget must be >= 0 bytes or None, got {budget}")
         if not bandwidth > 0:
@@ -53,6 +58,7 @@ class Tier:
         self.budget = budget
         self.bandwidth = bandwidth
         self.out_free = out_free  # copies out overlap compute: only the copy back is paid
+        self.per_op = per_op  # what running a recipe costs beyond its modelled kernel (a runtime's dispatch)
         self.score = False  # scores use min(recompute, copy) (MegTaiChi's); measured worse: NOTE [ Swapping ] 2
         self.used = 0  # bytes of copies held
         self.peak = 0

@@ -31,8 +31,13 @@ from ..core import Storage, Tier
 #    (PCIe 4.0/5.0 x16 with pinned memory, rounded down), 2.5 GB/s on the CPU (a copy reads and writes each
 #    byte at ``costs.RATES``' 5 GB/s). ``swap_gbps`` overrides them.
 # 5. The host budget: ``host_budget`` bytes, by default half of the machine's physical memory.
+# 6. Recomputing an op costs more than its modelled kernel: the runtime's Python path per op (35 us on these
+#    2-core CPUs, about 80 us on an H200's host). The choice between copying and recomputing adds it to every
+#    recipe it counts (``Tier.per_op``); the policy's scores and the clock do not.
 
 BANDWIDTH = {"cuda": 25e9, "cpu": 2.5e9}
+# rule 6: what torch-dtr's Python path adds to each recomputed op (docs/dispatch.md, docs/benchmarks-cuda.md)
+PER_OP = {"cuda": 80e-6, "cpu": 35e-6}
 
 
 def default_host_budget() -> int:
@@ -46,7 +51,8 @@ class HostTier(Tier):
     """Copies to host memory: pinned and asynchronous from CUDA, plain on the CPU (NOTE [ Host copies ])."""
 
     def __init__(self, cuda: bool, budget: int | None, bandwidth: float | None = None) -> None:
-        super().__init__(budget, bandwidth or BANDWIDTH["cuda" if cuda else "cpu"], out_free=cuda)
+        kind = "cuda" if cuda else "cpu"
+        super().__init__(budget, bandwidth or BANDWIDTH[kind], out_free=cuda, per_op=PER_OP[kind])
         self.cuda = cuda
         self.stream: Any = None  # the side stream of copies out, made at the first one
         self.flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (event, device tensor kept alive, bytes)
