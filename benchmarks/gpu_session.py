@@ -88,9 +88,12 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cap", default="16GiB")
-    ap.add_argument("--plan", choices=("first", "followup", "swap"), default="first",
+    ap.add_argument("--plan", choices=("first", "followup", "swap", "swap-lstm"), default="first",
                     help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off; "
                          "swap: the host tier on GPT-2 small against recomputation alone and save_on_cpu")
+    ap.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.3], help="swap-lstm: budgets, of plain's peak")
+    ap.add_argument("--streams", action="store_true", help="swap-lstm: copies out on the compute stream too, "
+                    "instead of recomputing only")
     ap.add_argument("--render", nargs="+", default=None,
                     help="write docs/benchmarks-cuda.md from saved gpu-session.json files, in order")
     a = ap.parse_args()
@@ -152,6 +155,8 @@ def main() -> int:
         return followup(a, run, save, out, t_start, res)
     if a.plan == "swap":
         return swap(a, run, save, w_of, size_of, t_start, res)
+    if a.plan == "swap-lstm":
+        return swap_lstm(run, save, t_start, res, a.ratios, a.streams)
     # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
     plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
     if plain and "max_allocated" in plain and "error" not in plain:
@@ -261,6 +266,30 @@ def swap(a: Any, run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, r
         w["scale"].append({"label": spec["label"], "batch": best["batch"] if best else 0,
                            "samples_s": best["batch"] / best["step_s"] if best else 0.0})
         save()
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
+    return 0
+
+
+def swap_lstm(run: Any, save: Any, t_start: float, res: dict, ratios: list[float], side_too: bool = False) -> int:
+    """The host tier on the bench's LSTM loop (long recomputation chains of small ops): recomputing only and
+    with copies, at 50% and 30% of plain's peak (or 1.25x the single-op floor)."""
+    res["command"] = res["command"] + " --plan swap-lstm --ratios " + " ".join(map(str, ratios))
+    name = "lstm"
+    plain = run(name, {"kind": "plain", "label": "plain PyTorch"})
+    if plain is None or "error" in plain:
+        return 1
+    free = run(name, {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"}) or {}
+    peak, floor = plain["max_allocated"], free.get("floor", 0)
+    for ratio in ratios:
+        b = max(int(ratio * peak), int(1.25 * floor))
+        tag = f"{b / peak:.0%}" + ("" if b == int(ratio * peak) else " (1.25x floor)")
+        run(name, {"kind": "dtr", "budget": b, "swap": True, "label": f"torch-dtr + host copies {tag}"})
+        if side_too:
+            run(name, {"kind": "dtr", "budget": b, "swap": True, "swap_side": False,
+                       "label": f"torch-dtr + host copies on the compute stream {tag}"})
+        else:
+            run(name, {"kind": "dtr", "budget": b, "label": f"torch-dtr {tag}"})
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
     return 0

@@ -87,6 +87,10 @@ def work(spec: dict) -> dict:
             torch.cuda.reset_peak_memory_stats()
         elif sim is not None:
             sim.reset_peak()
+        if "swap_side" in spec:  # where copies out run (NOTE [ Host copies ] 2), for comparisons
+            import torch_dtr.eager.swap as host_tier
+
+            host_tier.SIDE_STREAM = spec["swap_side"]
         if kind == "dtr":
             # on CUDA enable() switches expandable segments on by default; the simulated device follows it
             torch_dtr.enable(budget=spec.get("budget"), device=sim,

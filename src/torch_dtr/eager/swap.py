@@ -38,6 +38,7 @@ from ..core import Storage, Tier
 BANDWIDTH = {"cuda": 25e9, "cpu": 2.5e9}
 # rule 6: what torch-dtr's Python path adds to each recomputed op (docs/dispatch.md, docs/benchmarks-cuda.md)
 PER_OP = {"cuda": 80e-6, "cpu": 35e-6}
+SIDE_STREAM = True  # rule 2: copies out on a side stream (False: on the compute stream, no copies in flight)
 
 
 def default_host_budget() -> int:
@@ -59,29 +60,33 @@ class HostTier(Tier):
 
     def copy_out(self, s: Storage) -> Any:
         p: torch.Tensor = s.payload
+        event = None
         with _disable_current_modes(), torch.no_grad():
             src = torch.empty(0, dtype=torch.uint8, device=p.device).set_(p.untyped_storage())
             if self.cuda and p.device.type == "cuda":
-                if self.stream is None:
-                    self.stream = torch.cuda.Stream(p.device)
                 host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
-                self.stream.wait_stream(torch.cuda.current_stream(p.device))
-                with torch.cuda.stream(self.stream):
+                if SIDE_STREAM:
+                    if self.stream is None:
+                        self.stream = torch.cuda.Stream(p.device)
+                    self.stream.wait_stream(torch.cuda.current_stream(p.device))
+                    with torch.cuda.stream(self.stream):
+                        host.copy_(src, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(self.stream)
+                    self.flight.append((event, p, s.nbytes))
+                    self.pending += s.nbytes
+                else:  # in the compute stream's order: the device block may be reused by what follows at once
                     host.copy_(src, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(self.stream)
-                self.flight.append((event, p, s.nbytes))
-                self.pending += s.nbytes
             else:
                 host = src.clone()
-                event = None
         return host, event, p.dtype, p.storage_offset(), tuple(p.size()), tuple(p.stride()), p.device
 
     def copy_in(self, s: Storage) -> Any:
         host, event, dtype, offset, size, stride, device = s.host
         with torch.no_grad():
-            if event is not None:
-                torch.cuda.current_stream(device).wait_event(event)
+            if device.type == "cuda":
+                if event is not None:
+                    torch.cuda.current_stream(device).wait_event(event)
                 flat = torch.empty(host.numel(), dtype=torch.uint8, device=device)
                 flat.copy_(host, non_blocking=True)
             else:
