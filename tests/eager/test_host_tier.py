@@ -129,3 +129,14 @@ def test_auto_swaps_on_cuda_only():
     tier = torch_dtr.runtime().tier
     assert tier is not None and tier.budget > 0 and not tier.out_free
     torch_dtr.disable()
+
+
+def test_banishing_is_off_only_with_a_tier_that_can_hold_the_budget():
+    """NOTE [ Swapping ] 8: a tier at least as large as the budget copies running sums out instead of pinning."""
+    for kw, depth in (({"swap": False}, 2), ({"swap": True}, 0), ({"swap": True, "host_budget": "1MB"}, 2),
+                      ({"swap": True, "banish_depth": 3}, 3)):
+        torch_dtr.enable(budget="10MB", **kw)
+        try:
+            assert torch_dtr.runtime().banish_depth == depth, kw
+        finally:
+            torch_dtr.disable()

@@ -27,7 +27,7 @@ _FROZE = False  # enable() froze the garbage collector's view of older objects (
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
-           remat: str = "plan", banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
+           remat: str = "plan", banish_depth: int | None = None, device: Device | None = None,
            sync_every: int = 64, expandable_segments: bool | None = None, swap: bool | str = False,
            host_budget: int | str | None = None, swap_gbps: float | None = None) -> None:
     """Manage every op from here on: keep memory within ``budget`` by evicting and recomputing.
@@ -53,7 +53,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     physical memory); ``swap_gbps``: the copy bandwidth the costs assume (default 25 GB/s to a GPU, 2.5 on the
     CPU; NOTE [ Host copies ]).
     ``banish_depth``: a running sum of values nobody holds is pinned, and the chain behind it freed, once the
-    chain has this many links (NOTE [ Banishing ]; 2 by default since 2026-11-25, 08:00 UTC; 0: never)."""
+    chain has this many links (NOTE [ Banishing ]; by default 2, or 0 with a host tier at least as large as the
+    budget, which copies such values out instead: NOTE [ Swapping ] 8; 0: never)."""
     global _LAST
     if _front._ACTIVE is not None:
         raise RuntimeError("torch_dtr: already enabled; call torch_dtr.disable() first, or use "
@@ -71,7 +72,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         raise ValueError(f"torch_dtr: costs must be 'time' (measured) or 'model' (FLOPs and bytes), got {costs!r}")
     if remat not in ("plan", "stack"):
         raise ValueError(f"torch_dtr: remat must be 'plan' (the default) or 'stack', got {remat!r}")
-    if isinstance(banish_depth, bool) or not isinstance(banish_depth, numbers.Integral) or banish_depth < 0:
+    if banish_depth is not None and (isinstance(banish_depth, bool) or not isinstance(banish_depth, numbers.Integral)
+                                     or banish_depth < 0):
         raise ValueError(f"torch_dtr: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
     if device is not None and not isinstance(device, Device):
         raise TypeError(f"torch_dtr: device must be a torch_dtr device (CudaDevice, SimulatedDevice) or None, got "
@@ -95,6 +97,9 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         swap = isinstance(device, CudaDevice) or (device is None and torch.cuda.is_available())
     if swap and host is None:
         host = default_host_budget()
+    if banish_depth is None:  # a host tier that can hold what banishing would pin copies it out instead
+        roomy = swap and (nbytes is None or host is None or host >= nbytes)  # (NOTE [ Swapping ] 8)
+        banish_depth = 0 if roomy else DEFAULT_BANISH_DEPTH
     f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
               int(sync_every), bool(swap), host, None if swap_gbps is None else float(swap_gbps))
     f.expandable_was = _expandable(f.dev, expandable_segments)
