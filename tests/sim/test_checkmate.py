@@ -14,6 +14,7 @@ import pytest
 
 from torch_dtr.sim import checkmate, log
 from torch_dtr.sim.checkmate import (
+    DIRECT_MAX_NODES,
     Graph,
     ScheduleError,
     chain,
@@ -301,3 +302,51 @@ def test_resnet_slice_builds_and_solves() -> None:
     assert min_budget(g) == peak and solve(g, peak // 2).status == "infeasible"
     s = graph_from_log(lg, max_ops=40, split_outputs=True)
     assert s.n == 40 and peak_bytes(s) < peak
+
+
+# ---------------------------------------------------------------- offload: a third choice per value
+def test_cheap_copies_lower_the_optimum_and_the_schedule_checks_out():
+    g = chain(12, cost=100.0, size=10)  # copying 10 B back at 1 GB/s costs 10 ns; recomputing a node 100
+    for budget in (min_budget(g), min_budget(g) + 10, peak_bytes(g) // 2):
+        alone = solve(g, budget, time_limit=30)
+        both = solve(g, budget, time_limit=30, swap_gbps=1.0)
+        assert alone.status == both.status == "optimal"
+        assert both.overhead < alone.overhead and both.In.any() and both.Out.any()
+        assert both.copy == 10.0 * (both.In.sum() + both.Out.sum())
+        assert simulate_schedule(g, both.R, both.S, both.In, both.Out) == both.peak <= budget
+
+
+def test_expensive_copies_change_nothing():
+    g = chain(10, cost=1.0, size=10)  # a copy costs 1000 ns, a recomputation 1
+    b = min_budget(g) + 10
+    alone = solve(g, b, time_limit=30)
+    slow = solve(g, b, time_limit=30, swap_gbps=0.01)
+    assert slow.overhead == pytest.approx(alone.overhead) and not slow.In.any() and slow.copy == 0.0
+
+
+def test_free_copies_out_are_not_charged():
+    g = chain(12, cost=100.0, size=10)
+    b = min_budget(g)
+    paid = solve(g, b, time_limit=30, swap_gbps=1.0)
+    free = solve(g, b, time_limit=30, swap_gbps=1.0, swap_out_free=True)
+    assert free.overhead <= paid.overhead and free.copy == 10.0 * free.In.sum()
+
+
+def test_the_checker_rejects_copies_that_cannot_happen():
+    g = chain(4, cost=1.0, size=1)
+    R, S = checkmate._checkpoint_all(g)
+    n = g.n
+    In, Out = np.zeros((n, n), dtype=bool), np.zeros((n, n), dtype=bool)
+    In[3, 0] = True  # node 0 was never copied out
+    with pytest.raises(ScheduleError, match="no copy"):
+        simulate_schedule(g, R, S, In, Out)
+    In[:] = False
+    Out[1, 3] = True  # node 3 does not exist in stage 1
+    with pytest.raises(ScheduleError, match="neither holds nor computes"):
+        simulate_schedule(g, R, S, In, Out)
+
+
+def test_offload_is_refused_beyond_the_direct_model():
+    g = chain(DIRECT_MAX_NODES // 2 + 1)
+    with pytest.raises(ValueError, match="offload is modelled up to"):
+        solve(g, peak_bytes(g), swap_gbps=1.0)

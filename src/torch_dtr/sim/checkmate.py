@@ -18,6 +18,11 @@ only overstate memory, so every integral solution is safe, and it is exact at th
 an event is one row over all values (O(n^3) nonzeros, which HiGHS solves many times faster) up to
 ``DIRECT_MAX_NODES`` nodes, and a running sum along the stage beyond (O(n (n + edges)) nonzeros).
 Like Checkmate, the optimum is over schedules that run each stage in index order.
+
+Offload (``solve(..., swap_gbps=B)``, POFO's and torchtitan's third choice per value): ``In[t,i]`` copies node i
+back from host memory at the start of stage t (it then counts as held, like ``S[t,i]``), which needs a copy
+made by an earlier ``Out[t',i]`` (a copy out of a value resident in stage t'); copies cost bytes / B ns
+(copies out free with ``swap_out_free``), host memory is unbounded. Up to ``DIRECT_MAX_NODES`` nodes only.
 """
 
 from __future__ import annotations
@@ -211,21 +216,34 @@ def graph_from_log(log: L.Log, max_ops: int | None = None, *, split_outputs: boo
 
 
 # ------------------------------------------------------------------------------------------- checking
-def simulate_schedule(graph: Graph, R: np.ndarray, S: np.ndarray) -> int:
+def simulate_schedule(graph: Graph, R: np.ndarray, S: np.ndarray, In: np.ndarray | None = None,
+                      Out: np.ndarray | None = None) -> int:
     """Replay a schedule under the memory rule; return its peak bytes (``const_bytes`` included).
 
     ``R``: (n, n) booleans, ``R[t, i]`` = compute node i in stage t; ``S``: (n+1, n), ``S[t, i]`` = node i is
-    resident entering stage t. Raises ``ScheduleError`` if a stage does not compute its own node, computes a
-    later one, reads a value that is not resident, checkpoints a value it does not hold, or ends without a
-    keep node. Independent of the MILP: it frees each value after its last use in the stage."""
+    resident entering stage t; optional ``In``/``Out``: (n, n), copy node i back at the start of stage t / out
+    during stage t (offload). Raises ``ScheduleError`` if a stage does not compute its own node, computes a
+    later one, reads a value that is not resident, checkpoints a value it does not hold, copies back a value
+    with no copy or out a value it does not hold, or ends without a keep node. Independent of the MILP: it
+    frees each value after its last use in the stage (a value held only to be copied out, at the stage's
+    start)."""
     n = graph.n
     R, S = np.asarray(R, dtype=bool), np.asarray(S, dtype=bool)
     if R.shape != (n, n) or S.shape != (n + 1, n):
         raise ValueError(f"simulate_schedule: R must be ({n}, {n}) and S ({n + 1}, {n}); got {R.shape}, {S.shape}")
+    In = np.zeros((n, n), dtype=bool) if In is None else np.asarray(In, dtype=bool)
+    Out = np.zeros((n, n), dtype=bool) if Out is None else np.asarray(Out, dtype=bool)
+    if In.shape != (n, n) or Out.shape != (n, n):
+        raise ValueError(f"simulate_schedule: In and Out must be ({n}, {n}); got {In.shape}, {Out.shape}")
     if S[0].any():
         raise ScheduleError(f"stage 0 starts with nodes {np.flatnonzero(S[0]).tolist()} resident; nothing exists yet")
     peak = graph.const_bytes
+    host: set[int] = set()  # nodes with a copy in host memory
     for t in range(n):
+        bad = [int(i) for i in np.flatnonzero(In[t]) if i not in host or S[t, i]]
+        if bad:
+            raise ScheduleError(f"stage {t} copies back nodes {bad} that have no copy (or are held already)")
+        held = S[t] | In[t]
         if not R[t, t] or R[t, t + 1:].any():
             raise ScheduleError(f"stage {t} must compute node {t} and nothing later; it computes "
                                 f"{np.flatnonzero(R[t]).tolist()}")
@@ -234,8 +252,14 @@ def simulate_schedule(graph: Graph, R: np.ndarray, S: np.ndarray) -> int:
             for i in graph.deps[k]:
                 last[i] = k
         nxt = S[t + 1]
-        live = {int(i) for i in np.flatnonzero(S[t]) if i in last or nxt[i]}
+        live = {int(i) for i in np.flatnonzero(held) if i in last or nxt[i]}
         mem = graph.const_bytes + sum(graph.size[i] for i in live)
+        outs = [int(i) for i in np.flatnonzero(Out[t])]
+        bad = [i for i in outs if not (held[i] or R[t, i])]
+        if bad:
+            raise ScheduleError(f"stage {t} copies out nodes {bad} that it neither holds nor computes")
+        peak = max(peak, mem + sum(graph.size[i] for i in outs if held[i] and i not in live))  # copied, then freed
+        host.update(outs)
         for k in map(int, np.flatnonzero(R[t])):
             missing = [i for i in graph.deps[k] if i not in live]
             if missing:
@@ -301,15 +325,21 @@ class Solution:
     peak: int | None = None
     R: np.ndarray | None = field(default=None, repr=False, compare=False)
     S: np.ndarray | None = field(default=None, repr=False, compare=False)
+    In: np.ndarray | None = field(default=None, repr=False, compare=False)  # offload: copies back, copies out
+    Out: np.ndarray | None = field(default=None, repr=False, compare=False)
+    copy: float = 0.0  # ns of copies in ``compute``
 
 
 DIRECT_MAX_NODES = 200  # up to here each event's memory is one row (~n^3/3 nonzeros); beyond, a running sum
 
 
-def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]], list[list[int]], float]:
-    """The MILP as ``milp`` arguments, the integrality, the columns of R and S, and the cost scale. Columns:
-    R, S (binary), P ("still needed", continuous), and for graphs over ``DIRECT_MAX_NODES`` U (memory)."""
+def _model(graph: Graph, budget: int, offload: tuple[list[float], list[float]] | None = None) -> tuple:
+    """The MILP as ``milp`` arguments, the integrality, the columns of R, S, In and Out, and the cost scale.
+    Columns: R, S (binary), P ("still needed", continuous), for graphs over ``DIRECT_MAX_NODES`` U (memory);
+    with ``offload`` (ns per copy back and out, per node) In, Out and H (a copy exists entering stage t)."""
     n, direct = graph.n, graph.n <= DIRECT_MAX_NODES
+    if offload is not None and not direct:
+        raise ValueError(f"solve: offload is modelled up to {DIRECT_MAX_NODES} nodes; this graph has {n}")
     chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     cscale = max(max(graph.cost), 1e-12)
     mscale = float(max(max(graph.size), 1))
@@ -330,6 +360,13 @@ def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]]
           for t in range(n)]
     Si = [[add(1.0 if t == n and i in keep else 0.0, 1.0 if reach[i] >= t else 0.0, True) for i in range(t)]
           for t in range(n + 1)]
+    Ii: list[list[int]] = [[] for _ in range(n)]
+    Oi: list[list[int]] = [[] for _ in range(n)]
+    Hi: list[list[int]] = [[] for _ in range(n)]
+    if offload is not None:
+        Ii = [[add(0.0, 1.0 if reach[i] >= t else 0.0, True) for i in range(t)] for t in range(n)]
+        Oi = [[add(0.0, 1.0 if reach[i] > t else 0.0, True) for i in range(t + 1)] for t in range(n)]
+        Hi = [[add(0.0, 1.0, True) for i in range(t)] for t in range(n)]
     rows, cols, vals, rlo, rhi = [], [], [], [], []  # the constraint matrix (COO) and row bounds
 
     def row(terms: list[tuple[int, float]], lo: float, hi: float) -> None:
@@ -343,12 +380,23 @@ def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]]
 
     cap = (budget - graph.const_bytes) / mscale
     for t in range(n):
-        R, S, Sn = Ri[t], Si[t], Si[t + 1]
-        for i in range(t + 1):  # correctness: computing i needs each dep computed earlier or held
+        R, S, Sn, In = Ri[t], Si[t], Si[t + 1], Ii[t]
+        for i in range(t + 1):  # correctness: computing i needs each dep computed earlier, held or copied back
             for j in graph.deps[i]:
-                row([(R[i], 1.0), (R[j], -1.0), (S[j], -1.0)], -math.inf, 0.0)
-        for i in range(t):  # a checkpoint into stage t+1 must be held or computed in stage t
-            row([(Sn[i], 1.0), (R[i], -1.0), (S[i], -1.0)], -math.inf, 0.0)
+                row([(R[i], 1.0), (R[j], -1.0), (S[j], -1.0), *([(In[j], -1.0)] if In else ())], -math.inf, 0.0)
+        for i in range(t):  # a checkpoint into stage t+1 must be held, copied back or computed in stage t
+            row([(Sn[i], 1.0), (R[i], -1.0), (S[i], -1.0), *([(In[i], -1.0)] if In else ())], -math.inf, 0.0)
+        if offload is not None:
+            Out, H = Oi[t], Hi[t]
+            for i in range(t):
+                row([(In[i], 1.0), (H[i], -1.0)], -math.inf, 0.0)  # a copy back needs a copy
+                row([(S[i], 1.0), (In[i], 1.0)], -math.inf, 1.0)  # held or copied back, not both
+                row([(Out[i], 1.0), (R[i], -1.0), (S[i], -1.0), (In[i], -1.0)], -math.inf, 0.0)  # out: resident
+            if t + 1 < n:  # a copy exists entering stage t+1 if it existed or stage t made it
+                Hn = Hi[t + 1]
+                for i in range(t):
+                    row([(Hn[i], 1.0), (H[i], -1.0), (Out[i], -1.0)], -math.inf, 0.0)
+                row([(Hn[t], 1.0), (Out[t], -1.0)], -math.inf, 0.0)
         need: list[list[int]] = []  # need[i][a]: i is still needed at its a-th user in stage t (or later)
         for i in range(t + 1):
             users = us[i][: bisect.bisect_right(us[i], t)]
@@ -367,8 +415,10 @@ def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]]
                 ks = np.arange(i + 1, t + 1)  # events after i: "still needed" (a P, or S[t+1, i])
                 a = np.searchsorted(us[i][: len(need[i]) - 1], ks)
                 chunks.append((r0 + ks, np.asarray(need[i])[a], np.full(len(ks), size[i])))
-                if 0 < i < t:  # events before i: held from an earlier stage
+                if 0 < i < t:  # events before i: held from an earlier stage (or copied back)
                     chunks.append((r0 + np.arange(i), np.full(i, S[i]), np.full(i, size[i])))
+                    if In:
+                        chunks.append((r0 + np.arange(i), np.full(i, In[i]), np.full(i, size[i])))
             chunks.append((r0 + np.arange(t + 1), np.asarray(R), np.asarray(size[: t + 1])))
             rlo.extend([-math.inf] * (t + 1))
             rhi.extend([cap] * (t + 1))
@@ -388,40 +438,52 @@ def _model(graph: Graph, budget: int) -> tuple[dict, np.ndarray, list[list[int]]
     c = np.zeros(nv)
     for t in range(n):
         c[Ri[t]] = np.asarray(graph.cost[: t + 1]) / cscale
+        if offload is not None:
+            c[Ii[t]] = np.asarray(offload[0][:t]) / cscale
+            c[Oi[t]] = np.asarray(offload[1][: t + 1]) / cscale
     rows_, cols_, vals_ = (np.concatenate([np.asarray(x, dtype=float if j == 2 else np.int64), *(c[j] for c in chunks)])
                            for j, x in enumerate((rows, cols, vals)))
     A = coo_matrix((vals_, (rows_, cols_)), shape=(len(rlo), nv)).tocsr()
     return ({"c": c, "bounds": Bounds(lb, ub), "constraints": LinearConstraint(A, rlo, rhi)}, np.asarray(integer),
-            Ri, Si, cscale)
+            Ri, Si, Ii, Oi, cscale)
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False,
-          gap: float | None = None) -> Solution:
+          gap: float | None = None, swap_gbps: float | None = None, swap_out_free: bool = False) -> Solution:
     """Minimize total compute (sum of R[t,i] * cost[i]) under ``budget_bytes`` (constants included) with
     ``scipy.optimize.milp`` (HiGHS). ``relax=True`` solves the LP relaxation, a lower bound on the optimum.
-    ``gap``: stop at this relative MIP gap (1.0: at the first schedule found, for feasibility questions)."""
+    ``gap``: stop at this relative MIP gap (1.0: at the first schedule found, for feasibility questions).
+    ``swap_gbps``: values may also be copied to host memory and back at this bandwidth (GB/s = bytes/ns), the
+    copies' time added to ``compute`` (copies out free with ``swap_out_free``)."""
     if not isinstance(graph, Graph) or graph.n == 0:
         raise ValueError(f"solve: needs a Graph with at least one node, got {graph!r}")
     if not (isinstance(budget_bytes, numbers.Real) and math.isfinite(budget_bytes)) or budget_bytes < 0:
         raise ValueError(f"solve: budget_bytes must be a finite number of bytes >= 0, got {budget_bytes!r}")
     if not (isinstance(time_limit, numbers.Real) and time_limit > 0 and math.isfinite(time_limit)):
         raise ValueError(f"solve: time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+    if swap_gbps is not None and not (isinstance(swap_gbps, numbers.Real) and swap_gbps > 0):
+        raise ValueError(f"solve: swap_gbps must be a bandwidth in GB/s > 0, got {swap_gbps!r}")
     t0, n, budget = time.perf_counter(), graph.n, int(budget_bytes)
     base = float(sum(graph.cost))
 
     def result(status: str, compute: float = math.inf, bound: float = math.inf, gap: float = math.nan,
-               R=None, S=None) -> Solution:
+               R=None, S=None, In=None, Out=None, copy: float = 0.0) -> Solution:
         over = (compute / base if base else (1.0 if compute == 0 else math.inf))
         lower = (bound / base if base else (1.0 if bound == 0 else math.inf))
-        peak = simulate_schedule(graph, R, S) if R is not None else None
+        peak = simulate_schedule(graph, R, S, In, Out) if R is not None else None
         if peak is not None and peak > budget:  # only HiGHS's feasibility tolerance could do this
             raise RuntimeError(f"solve: the schedule HiGHS returned peaks at {peak} bytes, over the budget of "
                                f"{budget}; retry with a budget a few bytes lower")
-        return Solution(status, compute, base, over, lower, gap, time.perf_counter() - t0, budget, peak, R, S)
+        return Solution(status, compute, base, over, lower, gap, time.perf_counter() - t0, budget, peak, R, S, In,
+                        Out, copy)
 
     if budget < min_budget(graph):
         return result("infeasible")
-    args, integer, Ri, Si, cscale = _model(graph, budget)
+    offload = None
+    if swap_gbps is not None:
+        cin = [s / swap_gbps for s in graph.size]
+        offload = (cin, [0.0] * n if swap_out_free else cin)
+    args, integer, Ri, Si, Ii, Oi, cscale = _model(graph, budget, offload)
     options = {"time_limit": float(time_limit), "disp": False}
     if gap is not None:
         options["mip_rel_gap"] = float(gap)
@@ -441,9 +503,19 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     for t, cols in enumerate(Si):
         Sm[t, :t] = res.x[cols] > 0.5
     compute = float(sum(graph.cost[i] for t, i in zip(*np.nonzero(Rm), strict=True)))
+    Im = Om = None
+    copy = 0.0
+    if offload is not None:
+        Im, Om = np.zeros((n, n), dtype=bool), np.zeros((n, n), dtype=bool)
+        for t in range(n):
+            Im[t, :t] = res.x[Ii[t]] > 0.5
+            Om[t, : t + 1] = res.x[Oi[t]] > 0.5
+        copy = float(sum(offload[0][i] for _, i in zip(*np.nonzero(Im), strict=True))
+                     + sum(offload[1][i] for _, i in zip(*np.nonzero(Om), strict=True)))
+        compute += copy
     bound = res.mip_dual_bound * cscale if res.mip_dual_bound is not None else compute
     return result("optimal" if res.status == 0 else "feasible", compute, min(bound, compute),
-                  float(res.mip_gap or 0.0), Rm, Sm)
+                  float(res.mip_gap or 0.0), Rm, Sm, Im, Om, copy)
 
 
 def smallest_budget(graph: Graph, *, time_limit: float = 30.0, tolerance: int = 0,
