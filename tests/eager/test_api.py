@@ -29,17 +29,18 @@ def test_listen_sees_every_op_and_evictions_then_stops():
         torch_dtr.listen(lambda kind, s: None)
 
 
-def test_a_listener_can_stop_a_thrashing_run_and_the_runtime_stays_usable():
+@pytest.mark.parametrize("event,swap", [("remat", {"swap": False}), ("swapin", {"swap": True, "swap_gbps": 1000})])
+def test_a_listener_can_stop_a_thrashing_run_and_the_runtime_stays_usable(event, swap):
     class Cap(Exception):
         pass
 
     w = torch.randn(32, 32, requires_grad=True)
-    torch_dtr.enable(budget=None)
+    torch_dtr.enable(budget=None, **swap)  # values come back by recomputation, or from their copies
     try:
         rt = torch_dtr.runtime()
 
         def cap(kind, s):
-            if kind == "remat":
+            if kind == event:
                 raise Cap
 
         a = (w * 3).exp()
