@@ -182,13 +182,25 @@ def main() -> int:
     w = w_of("gpt2-small")
     cap = w["cap"] or (plain or {}).get("max_reserved", 0)
     w["cap"] = cap
-    base = size_of("gpt2-small")
-    for spec in ({"kind": "plain", "label": "plain PyTorch"},
-                 {"kind": "ckpt_block", "label": "checkpoint every block"},
-                 {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}):
+    largest_batch(run, save, w, "gpt2-small", size_of("gpt2-small"), cap, (1, 2, 4, 6, 8),
+                  ({"kind": "plain", "label": "plain PyTorch"},
+                   {"kind": "ckpt_block", "label": "checkpoint every block"},
+                   {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}))
+    # 4. torch.compile's activation memory budget
+    if a.device == "cuda":
+        run("gpt2-small", {"kind": "compile", "mem_budget": 0.5, "label": "torch.compile budget 0.5"})
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
+    return 0
+
+
+def largest_batch(run: Any, save: Any, w: dict, name: str, base: workloads.Size, cap: int,
+                  multiples: tuple[int, ...], specs: tuple[dict, ...]) -> None:
+    """For each contender, the largest multiple of the base batch that trains one step under ``cap``."""
+    for spec in specs:
         best = None
-        for m in (1, 2, 4, 6, 8):
-            r = run("gpt2-small", spec | {"cap": cap, "label": f"{spec['label']} x{m}"}, steps=1,
+        for m in multiples:
+            r = run(name, spec | {"cap": cap, "label": f"{spec['label']} x{m}"}, steps=1,
                     size=workloads.Size(**(base.__dict__ | {"batch": base.batch * m})))
             if r is None or "error" in r:
                 break
@@ -196,12 +208,6 @@ def main() -> int:
         w["scale"].append({"label": spec["label"], "batch": best["batch"] if best else 0,
                            "samples_s": best["batch"] / best["step_s"] if best else 0.0})
         save()
-    # 4. torch.compile's activation memory budget
-    if a.device == "cuda":
-        run("gpt2-small", {"kind": "compile", "mem_budget": 0.5, "label": "torch.compile budget 0.5"})
-    save()
-    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
-    return 0
 
 
 def followup(a: Any, run: Any, save: Any, out: Path, t_start: float, res: dict) -> int:
@@ -252,20 +258,10 @@ def swap(a: Any, run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, r
     run(name, {"kind": "dtr", "budget": peak // 2, "label": "torch-dtr 50%"})
     w = w_of(name)
     cap = w["cap"]
-    base = size_of(name)
-    for spec in ({"kind": "dtr", "budget": int(cap * 0.8), "swap": True,
-                  "label": "torch-dtr + host copies, budget 80% of the cap"},
-                 {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}):
-        best = None
-        for m in (4, 5, 6):
-            r = run(name, spec | {"cap": cap, "label": f"{spec['label']} x{m}"}, steps=1,
-                    size=workloads.Size(**(base.__dict__ | {"batch": base.batch * m})))
-            if r is None or "error" in r:
-                break
-            best = r
-        w["scale"].append({"label": spec["label"], "batch": best["batch"] if best else 0,
-                           "samples_s": best["batch"] / best["step_s"] if best else 0.0})
-        save()
+    largest_batch(run, save, w, name, size_of(name), cap, (4, 5, 6),
+                  ({"kind": "dtr", "budget": int(cap * 0.8), "swap": True,
+                    "label": "torch-dtr + host copies, budget 80% of the cap"},
+                   {"kind": "dtr", "budget": int(cap * 0.8), "label": "torch-dtr, budget 80% of the cap"}))
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
     return 0

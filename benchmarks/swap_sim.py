@@ -24,21 +24,13 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from policy_grid import SHARED, _record_all  # noqa: E402
+from policy_grid import SHARED, _cell, _record_all, _value  # noqa: E402
 from simulation import _record_small  # noqa: E402
 
 RATIOS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TOLERANCE = 1.0005
 LINK = 50  # memory bandwidth / copy bandwidth
 MEMORY_GBPS = {"shared": 650.0, "recorded": 5.0}  # Titan V; torch_dtr.eager.costs.RATES["cpu"]
-
-
-def _value(o) -> float:
-    return o.overhead if o.status == "ok" else math.inf
-
-
-def _cell(o) -> str:
-    return f"{o.overhead:.3f}" if o.status == "ok" else o.status
 
 
 def main() -> int:

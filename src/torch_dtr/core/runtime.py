@@ -1239,24 +1239,9 @@ class Runtime:
             while steps:
                 s = steps[-1]
                 if s is None or not s.resident:
-                    if s is not None and s.host is not None:  # a copy back: no inputs
-                        ran += 1
-                        if not hold and ran > limit:
-                            self._raise_undone(roots, ran, limit // 4 - 8)
-                        self._swap_in(s)
-                        if s not in rootset:
-                            brought[s] = None
-                            if hold and s not in kept and pending.get(s, 0) > 0:
-                                s.locks += 1
-                                kept.add(s)
-                        steps.pop()
-                        self._steps_rev += 1
-                        self.unlock(held.pop(s, ()))
-                        if s not in leaves:  # planned as a recipe, swapped since: its reads are due
-                            self._done_reads(s.op.inputs if s.op is not None else (), pending, kept, brought)
-                        continue
-                    op = None if s is None else self._recipe(s)
-                    ins = roots if op is None else op.inputs
+                    swapped = s is not None and s.host is not None  # a copy back: no inputs (Swapping 3)
+                    op = None if s is None or swapped else self._recipe(s)
+                    ins = roots if s is None else () if swapped else op.inputs  # type: ignore[union-attr]
                     missing = [i for i in ins if not i.resident]
                     if missing:  # evicted since it was planned, or since it was recomputed
                         n = tries[s] = tries.get(s, 0) + 1
@@ -1268,16 +1253,19 @@ class Runtime:
                                     keep.append(i)
                         self._push(steps, pending, missing, leaves)
                         continue
-                    if op is not None:
+                    if s is not None:
                         ran += 1
                         if not hold and ran > limit:
                             self._raise_undone(roots, ran, limit // 4 - 8)
-                        self.lock(ins)
-                        try:
-                            self._recompute(op, rootset)
-                        finally:
-                            self.unlock(ins)
-                        for o in op.outputs:
+                        if swapped:
+                            self._swap_in(s)
+                        else:
+                            self.lock(ins)
+                            try:
+                                self._recompute(op, rootset)  # type: ignore[arg-type]
+                            finally:
+                                self.unlock(ins)
+                        for o in (s,) if swapped else op.outputs:  # type: ignore[union-attr]
                             if o.resident and o not in rootset:
                                 brought[o] = None
                                 if hold and o not in kept and pending.get(o, 0) > 0:
@@ -1286,8 +1274,9 @@ class Runtime:
                 steps.pop()
                 self._steps_rev += 1
                 self.unlock(held.pop(s, ()))
-                if s not in leaves:
-                    self._done_reads(roots if s is None else s.op.inputs, pending, kept, brought)  # type: ignore[union-attr]
+                if s not in leaves:  # (a step planned as a recipe and swapped since still read its recipe's inputs)
+                    self._done_reads(roots if s is None else s.op.inputs if s.op is not None else (),
+                                     pending, kept, brought)
         finally:
             self._soft, self._steps, self._roots = outer
             self._steps_rev += 1
