@@ -1,4 +1,4 @@
-"""The two replaceable parts of the runtime: how memory is counted, and what happens to a victim."""
+"""The two replaceable parts of the runtime: how memory is counted, and what happens to a dropped victim."""
 
 from __future__ import annotations
 
@@ -63,11 +63,8 @@ class Memory:
 
 
 class Drop:
-    """Victim handling of plain DTR: forget the value; the recipe recomputes it on the next use.
-
-    A swapping tier would replace it: copy the payload to a slower tier here, and bring it back instead of
-    recomputing it.
-    """
+    """Victim handling of plain DTR: forget the value; the recipe recomputes it on the next use. (Copying a
+    victim to host memory instead is the runtime's choice, with a ``Tier``: NOTE [ Swapping ].)"""
 
     def evict(self, s: Storage) -> None:
         s.payload = None

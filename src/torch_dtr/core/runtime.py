@@ -1037,8 +1037,6 @@ class Runtime:
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
-        if self.policy.h_dtr and self.tier is not None and self.tier.score:
-            return self._best_swap(pool, floor, extra, bound)
         if self.policy.h_dtr:  # the same loop with the default's score inline (the hot path of evicting)
             for s in pool:
                 n = s.nbytes
@@ -1066,35 +1064,6 @@ class Runtime:
                 continue  # even its smallest possible score does not win: its extra is not needed
             else:
                 v = score(s.cost, s.nbytes, stale, extra(s))
-            if v < best_score:
-                best, best_score = s, v
-        return best
-
-    def _best_swap(self, pool: Any, floor: float, extra: Any, bound: float | None) -> Storage | None:
-        """``_best`` for h_DTR's score with a tier: a candidate's cost is the cheaper of recomputing it and
-        copying it out and back (NOTE [ Swapping ] 2)."""
-        tier: Tier = self.tier  # type: ignore[assignment]
-        room = tier.free_bytes()
-        per_byte = 1.0 / tier.bandwidth
-        both = per_byte if tier.out_free else 2.0 * per_byte
-        inf = math.inf
-        now = self.clock
-        best, best_score = None, inf
-        for s in pool:
-            n = s.nbytes
-            if s.locks or n < floor or n == 0:
-                continue
-            op = s.op
-            c = op.cost if op is not None else 0.0
-            sw = n * per_byte if s.host is not None else n * both if n <= room else inf
-            d = n * (now - s.last_access + 1e-9)
-            if extra is None:
-                v = (c if c < sw else sw) / d
-            elif sw / d >= best_score and bound is not None and (c + bound) / d >= best_score:
-                continue
-            else:
-                c += extra(s)
-                v = (c if c < sw else sw) / d
             if v < best_score:
                 best, best_score = s, v
         return best

@@ -18,8 +18,8 @@
 #    ancestor: worse in 6 of the shared logs' 45 (ResNet-32 copied back 171 MiB values that cost 2 ms to
 #    recompute once their ancestors were back anyway); the recipe alone: better in 5 only. Paid copies out
 #    (the CPU's tier) are worse in 4 cells, better in 8: an insurance paid for values never read again.
-#    Scoring candidates by min(recompute, copy) (MegTaiChi's) was worse in 20 of the shared logs' 45 cells
-#    (``Tier.score``, off).
+#    Scoring candidates by min(recompute, copy) (MegTaiChi's) was worse in 20 of the shared logs' 45 cells (a
+#    variant of ``Runtime._best``, removed; docs/decisions.md).
 # 3. A swapped storage needs no recipe to come back: plans treat it as a leaf (one step, no inputs), so it
 #    also cuts the evicted chains behind it. Trackers never hear of it (it is not in any evicted
 #    neighbourhood): recomputing a reader costs its copy, not its ancestors.
@@ -66,7 +66,6 @@ class Tier:
         self.bandwidth = bandwidth
         self.out_free = out_free  # copies out overlap compute: only the copy back is paid
         self.per_op = per_op  # what running a recipe costs beyond its modelled kernel (a runtime's dispatch)
-        self.score = False  # scores use min(recompute, copy) (MegTaiChi's); measured worse: NOTE [ Swapping ] 2
         self.used = 0  # bytes of copies held
         self.peak = 0
         self.pending = 0  # device bytes of copies out still in flight (rule 6)
