@@ -118,7 +118,8 @@ def full_check(rt: Runtime) -> None:
         if s.resident:
             assert uf(s) is None, f"resident {s} still in a union-find set"
         if s.pinned:
-            assert s.resident or s.forward is not None, f"pinned {s} is not resident"
+            assert s.resident or s.forward is not None or (s.moves and s.host is not None), \
+                f"pinned {s} is neither resident nor swapped"
     if rt.budget is not None:
         assert rt.memory.tracked <= rt.budget
         assert rt.memory.peak <= max(rt.budget, rt.peak_limit or 0)  # set_budget may have lowered it

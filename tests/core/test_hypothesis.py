@@ -118,7 +118,7 @@ def plan(prog: Program):
 
 
 def execute(prog: Program, steps, values, budget: int | None, safe: int, policy: str, sample: bool,
-            remat: str = "plan", **runtime_options):
+            remat: str = "plan", on_step=None, **runtime_options):
     """Run the program on a runtime; returns (values read, number of accepted BudgetErrors, driver)."""
     d = Driver(budget, policy, sample_sqrt=sample, remat=remat, **runtime_options)
     rt = d.rt
@@ -126,7 +126,7 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
     orig = rt._raise_budget
 
     def spy(nbytes: int, where: str) -> None:
-        raised_legit.append(all(s.locks > 0 for s in rt.candidates if s.nbytes > 0)
+        raised_legit.append(all(s.locks > 0 for s in (*rt.candidates, *rt.movable) if s.nbytes > 0)
                             and rt.memory.tracked + nbytes > (rt.budget or 0))
         orig(nbytes, where)
 
@@ -164,6 +164,9 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
         for m in drops:
             rt.drop_ref(handles.pop(m))
             full_check(rt)
+        if on_step is not None:
+            retry(lambda j=j: on_step(rt, j, handles))
+            full_check(rt)
         for m in reads:
             seen.append((m, retry(lambda m=m: d.read(handles[m]))))
             full_check(rt)
@@ -180,14 +183,14 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
 
 
 def _check_program(prog: Program, frac: float, policy: str, sample: bool, remat: str = "plan",
-                   tier=None) -> None:
+                   tier=None, on_step=None) -> None:
     steps, values, _, lo, safe = plan(prog)
-    free_seen, free_err, free = execute(prog, steps, values, None, safe, policy, sample)
+    free_seen, free_err, free = execute(prog, steps, values, None, safe, policy, sample, "plan", on_step)
     assert free_err == 0 and free.rt.evictions == 0 and free.rt.rematerializations == 0
     peak = free.rt.stats().peak_bytes
     hi = max(peak, lo)
     budget = lo + round(frac * (hi - lo))
-    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, remat, tier=tier)
+    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, remat, on_step, tier=tier)
     assert seen == free_seen
     assert all(v == values[m] for m, v in seen)
     if budget >= safe:

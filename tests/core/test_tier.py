@@ -186,3 +186,96 @@ TIERS = st.builds(Counting, budget=st.sampled_from([None, 0, 50, 200]),
 def test_random_programs_with_a_tier(prog, frac, policy, sample, remat, tier) -> None:
     """Values equal the unconstrained run's, the budget and the host budget hold (``check``), nothing leaks."""
     _check_program(prog, frac, policy, sample, remat, tier=tier)
+
+
+# NOTE [ Swapping ] 9: values whose recipes can no longer run are pinned, but only the runtime holds them: a tier
+# may still copy them out.
+
+def _invalidated_chain(d: Driver, n: int) -> list:
+    """A chain whose recipes all read the constant, then are invalidated (as a write to it would)."""
+    c = d.const(10, 1)
+    xs = []
+    prev = c
+    for _ in range(n):
+        prev = d.op1([prev, c], 1.0, 10, lambda v, k: v + k)
+        xs.append(prev)
+    d.rt.invalidate(list(c.children), "the constant changed")
+    return xs
+
+
+def test_values_whose_recipes_cannot_run_are_swapped_not_pinned_in_place() -> None:
+    tier = Counting(budget=None, bandwidth=10.0)
+    d = Driver(None, "dtr_comp", tier=tier)
+    xs = _invalidated_chain(d, 4)
+    assert all(x.pinned and x.moves and x in d.rt.movable for x in xs)
+    assert d.rt.movable_bytes == 40
+    d.rt.set_budget(30)  # the constant and two of the four values fit: two are copied out
+    d.rt.reset_peak()
+    full_check(d.rt)
+    swapped = [x for x in xs if x.host is not None and not x.resident]
+    assert len(swapped) == 2 and tier.outs == 2 and d.rt.memory.tracked <= 30
+    assert [d.read(x) for x in xs] == [2, 3, 4, 5]  # back by their copies, not recomputed
+    assert d.rt.rematerializations == 0 and tier.ins >= 2
+    full_check(d.rt)
+    assert d.rt.memory.peak <= 30
+    for x in xs:  # released: every copy goes
+        d.rt.drop_ref(x)
+    full_check(d.rt)
+    assert tier.used == 0
+
+
+def test_without_a_tier_such_values_stay() -> None:
+    d = Driver(None, "dtr_comp")
+    _invalidated_chain(d, 4)
+    assert not d.rt.movable  # kept only with a tier
+    with pytest.raises(BudgetError):
+        d.rt.set_budget(30)
+
+
+def test_a_swapped_value_whose_recipe_is_invalidated_keeps_its_copy() -> None:
+    tier = Counting(budget=None, bandwidth=10.0)
+    d = Driver(None, "dtr_comp", tier=tier)
+    c = d.const(10, 1)
+    x = d.op1([c], 1000.0, 10, lambda v: v + 1)  # expensive: swapped when evicted
+    d.rt.evict(x)
+    assert x.host is not None
+    assert d.rt.stranded([x.op]) == []  # it comes back by its copy: nothing to rescue
+    d.rt.invalidate([x.op], "the constant changed")
+    assert x.pinned and x.moves and not x.resident and x.op.compute is None
+    assert d.read(x) == 2 and x in d.rt.movable
+    full_check(d.rt)
+
+
+def test_unwrapping_a_movable_value_pins_it_in_place() -> None:
+    tier = Counting(budget=None, bandwidth=10.0)
+    d = Driver(None, "dtr_comp", tier=tier)
+    (x,) = _invalidated_chain(d, 1)
+    d.rt.pin(x)  # now shared with something the runtime cannot see
+    assert x.pinned and not x.moves and x not in d.rt.movable
+    with pytest.raises(BudgetError):
+        d.rt.set_budget(15)
+    full_check(d.rt)
+
+
+def _invalidating(kills: list[int]):
+    """An ``on_step`` for ``execute``: after step ``j`` in ``kills``, the recipe of a value that a handle names is
+    invalidated as a front end does it (its stranded values brought back and pinned first)."""
+    def on_step(rt, j, handles) -> None:
+        if j not in kills:
+            return
+        named = [s for s in handles.values() if s.op is not None and s.op.compute is not None]
+        if not named:
+            return
+        op = named[j % len(named)].op
+        rt.rescue([op])
+        rt.invalidate([op], "a test wrote its input")
+    return on_step
+
+
+@SETTINGS
+@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.sampled_from(REMAT),
+       st.lists(st.integers(0, 24), max_size=4), st.booleans())
+def test_random_programs_with_invalidated_recipes_and_a_tier(prog, frac, policy, remat, kills, out_free) -> None:
+    """Pinned values a tier may copy out: values equal the unconstrained run's, the budget holds (``check``)."""
+    tier = Counting(budget=None, bandwidth=1.0, out_free=out_free)
+    _check_program(prog, frac, policy, False, remat, tier=tier, on_step=_invalidating(kills))

@@ -4,7 +4,9 @@ parallelism (``parallelize_module``, column- then row-wise). Prints one JSON lin
 digest of the rank's parameters (local shards) and torch-dtr's counters. Used by test_distributed.py, which
 runs it in a subprocess with a timeout (a hang fails).
 
-    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr [BUDGET_BYTES]
+    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap [BUDGET_BYTES]
+
+(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``.)
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH)
     out: dict = {"rank": rank}
-    if mode == "dtr":
-        torch_dtr.enable(budget=budget)
+    if mode != "plain":
+        torch_dtr.enable(budget=budget, swap=mode == "dtr_swap")
     try:
         losses = []
         for _ in range(STEPS):
@@ -80,11 +82,11 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     except Exception as e:  # reported, so that the test shows what failed on which rank
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
-        if mode == "dtr":
+        if mode != "plain":
             st = torch_dtr.stats()
             torch_dtr.disable()
             out |= {"evictions": st.evictions, "remats": st.rematerializations, "peak": st.peak_bytes,
-                    "floor": st.floor_bytes}
+                    "floor": st.floor_bytes, "swaps_out": st.swaps_out or 0, "swaps_in": st.swaps_in or 0}
     h = hashlib.sha256()
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p

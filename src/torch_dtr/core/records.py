@@ -6,7 +6,8 @@ Words used everywhere in this package (the DTR paper's, as in simrd):
 - *evicted*: the value was freed but the recipe is kept, so it can be *rematerialized* (recomputed).
 - *locked*: an op in flight reads it; it may not be evicted until the op finishes.
 - *pinned*: it cannot be recomputed (a constant, or the output of an op that cannot be replayed); it is
-  never evicted.
+  never dropped. A pinned value that ``moves`` (nothing outside the runtime shares its memory) may still
+  be swapped (NOTE [ Swapping ] 9).
 - *released*: nothing can ever need it again (no handle and no live dependent recipe); it is freed for
   good and forgotten. (simrd calls this banishing.)
 - *swapped*: evicted by copying it to the host tier (``host`` is set): it comes back by a copy, not its
@@ -22,7 +23,9 @@ Invariants, checked by ``Runtime.check()`` in tests:
 1. ``resident`` implies ``payload is not None`` and the bytes are counted once in ``Memory.tracked``.
 2. ``released`` implies not resident, no handles (``refs == 0``) and no live dependents (``deps == 0``).
 3. ``deps`` is the number of live ops (ops with at least one unreleased output) that read the storage.
-4. A storage in ``Runtime.candidates`` is resident, not pinned and not released.
+4. A storage in ``Runtime.candidates`` is resident, not pinned and not released; one in ``Runtime.movable``
+   (kept with a tier only) is resident, pinned, ``moves`` and not released. A pinned storage that is not
+   resident is swapped and ``moves``, or released.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ class Storage:
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "host", "__weakref__",
+        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "host", "moves",
+        "__weakref__",
     )  # fmt: skip
 
     def __init__(self, sid: int, nbytes: int, payload: Any, op: Op | None, pinned: bool) -> None:
@@ -58,6 +62,7 @@ class Storage:
         self.banished = False  # pinned (and resident) because its recipe was banished
         self.awaits = False  # kept resident without handles for a reader's evicted output (NOTE [ Lifetimes ] 3)
         self.host: Any = None  # its copy in the host tier (NOTE [ Swapping ]); not resident + host: *swapped*
+        self.moves = False  # pinned, but only the runtime holds its value: a tier may copy it out (Swapping 9)
 
     @property
     def recomputable(self) -> bool:

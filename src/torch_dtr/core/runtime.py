@@ -34,7 +34,7 @@ from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, Policy, get_policy
 from .records import Op, Storage
 from .swap import Tier
-from .trackers import TRACKERS
+from .trackers import TRACKERS, Chain
 
 __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_bytes", "internal_assert"]
 
@@ -142,9 +142,11 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    in-place write makes a new version), but constants do: an optimizer step, a write through ``.data``,
 #    ``p.data = ...``. The front end sees such a write before it happens and hands the ops whose recipes
 #    read the constant to ``invalidate``.
-# 2. First (``stranded``): evicted storages that would be left without a recipe and that something holds
-#    (``refs > 0``) are rematerialized and pinned, while their inputs still have the values they read; the
-#    program keeps the values it computed. That may need memory: a ``BudgetError`` then names the write.
+# 2. First (``rescue``): evicted storages that would be left without a recipe and that something holds
+#    (``refs > 0``, found by ``stranded``) are rematerialized and pinned, while their inputs still have the
+#    values they read; the program keeps the values it computed. That may need memory: a ``BudgetError``
+#    then names the write. Bringing one back may evict a value the search went through, so ``rescue`` looks
+#    again until nothing is stranded (each round pins at least one value for good).
 # 3. ``invalidate`` drops the recipes: their resident outputs are pinned (nothing can recompute them, so
 #    they are never evicted: a ``BudgetError`` cannot destroy a value the program holds), evicted ones are
 #    lost, and so is, recursively, what was computed from a lost one. Inputs lose a dependent and are
@@ -275,8 +277,8 @@ def _recompute_cost(s: Storage, enough: float, per_op: float, most: int = 64) ->
 
 
 def _all_pinned(op: Op) -> bool:
-    """Whether every live output of ``op`` is pinned and resident: its recipe never runs again."""
-    return all(o.released or (o.pinned and o.resident) for o in op.outputs)
+    """Whether every live output of ``op`` is pinned, resident or swapped: its recipe never runs again."""
+    return all(o.released or (o.pinned and (o.resident or o.host is not None)) for o in op.outputs)
 
 
 def _awaited(s: Storage) -> bool:
@@ -351,6 +353,8 @@ class Runtime:
         self.rng = random.Random(seed)
         self.candidates: dict[Storage, None] = {}  # resident, evictable storages (insertion-ordered set)
         self.candidate_bytes = 0
+        self.movable: dict[Storage, None] = {}  # resident pinned storages a tier may copy out (Swapping 9)
+        self.movable_bytes = 0
         self.live: dict[Storage, None] = {}  # every storage not yet released
         self.clock = 0.0
         self.next_sid = 0
@@ -371,6 +375,7 @@ class Runtime:
         self._steps_rev = 0  # bumped whenever a plan's steps change (``_furthest`` caches its order per value)
         self._ahead_rev = -1
         self._ahead: list[Storage] = []
+        self._score = math.inf  # the score of ``_candidate``'s last choice
 
     # ------------------------------------------------------------------ observers
     def listen(self, fn: Listener) -> Callable[[], None]:
@@ -444,11 +449,13 @@ class Runtime:
         op = None if compute is None else Op(inputs, cost, compute, name, writes)
         ins = op.inputs if op is not None else inputs if len(inputs) < 2 else dict.fromkeys(inputs)  # distinct
         # constants and pinned storages (the floor's sum), less those pinned by banishing (NOTE [ Banishing ] 5)
+        # (with a tier, pinned values it may copy out are evictable: NOTE [ Swapping ] 9)
         mem = self.memory
-        need = mem.tracked + mem.outside - self.candidate_bytes - self.banished_bytes
+        tier = self.tier is not None
+        need = mem.tracked + mem.outside - self.candidate_bytes - (self.movable_bytes if tier else self.banished_bytes)
         for s in ins:
             s.last_access = now
-            if not s.pinned or s.banished:
+            if not s.pinned or (s.moves if tier else s.banished):
                 need += s.nbytes
             if op is not None:
                 s.deps += 1
@@ -605,8 +612,19 @@ class Runtime:
         if self.candidates.pop(s, 0) is None:
             self.candidate_bytes -= s.nbytes
 
+    def _add_movable(self, s: Storage) -> None:
+        if self.tier is not None:
+            self.movable[s] = None
+            self.movable_bytes += s.nbytes
+
+    def _drop_movable(self, s: Storage) -> None:
+        if self.movable.pop(s, 0) is None:
+            self.movable_bytes -= s.nbytes
+
     def _unresident(self, s: Storage) -> None:
         s.resident = False
+        if s.moves:
+            self._drop_movable(s)
         if s.host is not None:  # its spare copy is its only one now (NOTE [ Swapping ] 4)
             self.tier.unspare(s)  # type: ignore[union-attr]
         if s.awaits:
@@ -650,6 +668,8 @@ class Runtime:
             if old.awaits:
                 self._unawait(old)
             self._drop_candidate(old)
+            if old.moves:
+                self._drop_movable(old)
             self._unbanish(old)
             if old.host is not None:  # its copy keeps the old value: swapped (NOTE [ Swapping ] 4)
                 self.tier.unspare(old)  # type: ignore[union-attr]
@@ -664,20 +684,30 @@ class Runtime:
             self._orphaned(old)
         return new
 
-    def pin(self, s: Storage) -> None:
-        """Never evict ``s`` from now on (its memory is shared with something the runtime cannot see).
+    def pin(self, s: Storage, movable: bool = False) -> None:
+        """Never drop ``s`` from now on: its memory is shared with something the runtime cannot see, or
+        (``movable``) its recipe can no longer run, and then a tier may still copy it out (NOTE [ Swapping ] 9).
 
         A recipe whose every live output is pinned (and resident) will never run again: it is dropped
         (NOTE [ Lifetimes ] 5), so what only it read is released."""
-        if not s.pinned:
-            s.pinned = True
-            self._drop_candidate(s)
-            if s.host is not None and s.resident:  # never evicted now: its copy is of no use
-                self.tier.drop(s)  # type: ignore[union-attr]
-            op = s.op
-            if op is not None and op.compute is not None and _all_pinned(op):
-                for i in _drop_recipe(op):
-                    self._release(i)
+        if s.pinned:
+            if s.moves and not movable:  # its memory is shared now: it stays where it is
+                s.moves = False
+                self._drop_movable(s)
+                if s.host is not None and s.resident:
+                    self.tier.drop(s)  # type: ignore[union-attr]
+            return
+        s.pinned = True
+        s.moves = movable
+        self._drop_candidate(s)
+        if s.host is not None and s.resident and not movable:  # never evicted now: its copy is of no use
+            self.tier.drop(s)  # type: ignore[union-attr]
+        if movable and s.resident:
+            self._add_movable(s)
+        op = s.op
+        if op is not None and op.compute is not None and _all_pinned(op):
+            for i in _drop_recipe(op):
+                self._release(i)
 
     # ------------------------------------------------------------------ changed inputs
     def stranded(self, ops: Sequence[Op]) -> list[Storage]:
@@ -692,12 +722,25 @@ class Runtime:
                 continue
             seen.add(op)
             for o in op.outputs:
-                if o.resident or o.released or o in found:
+                if o.resident or o.released or o.host is not None or o in found:
                     continue
                 if o.refs > 0:
                     found[o] = None
                 work.extend(o.children)
         return sorted(found, key=_sid)
+
+    def rescue(self, ops: Sequence[Op]) -> None:
+        """Bring back and pin what ``invalidate(ops)`` would lose that something holds (NOTE [ Changed inputs ]
+        2), until nothing is left: bringing one back may evict another value that the walk passed through.
+        The pins are movable: only the runtime holds these values (NOTE [ Swapping ] 9)."""
+        while True:
+            lost = self.stranded(ops)
+            if not lost:
+                return
+            for s in lost:
+                if not s.resident:  # (an earlier one's plan may have brought it back)
+                    self.rematerialize(s)
+                self.pin(s, movable=True)
 
     def invalidate(self, ops: Sequence[Op], why: str) -> None:
         """The recipes of ``ops`` can no longer run (``why``): pin their resident outputs, lose the evicted
@@ -712,8 +755,8 @@ class Runtime:
             for o in op.outputs:
                 if o.released:
                     continue
-                if o.resident:
-                    self.pin(o)
+                if o.resident or o.host is not None:  # a swapped value keeps its copy (NOTE [ Swapping ] 9)
+                    self.pin(o, movable=True)
                 else:
                     work.extend(o.children)
             inputs, op.inputs = op.inputs, ()
@@ -874,7 +917,7 @@ class Runtime:
             if n > tier.free_bytes():
                 return False
             copy += tier.out_cost(n)
-        if not s.recomputable:
+        if s.pinned or not s.recomputable:  # a pinned value is never dropped (NOTE [ Swapping ] 9)
             return True
         return copy < _recompute_cost(s, copy, tier.per_op)
 
@@ -887,7 +930,10 @@ class Runtime:
         finally:
             self._recomputing = False
         s.payload = tier.copy_in(s)
-        tier.keep(s)
+        if s.pinned and not s.moves:  # never copied out again: its copy is of no use
+            tier.drop(s)
+        else:
+            tier.keep(s)
         tier.ins += 1
         tier.bytes_in += s.nbytes
         c = tier.in_cost(s.nbytes)
@@ -898,6 +944,8 @@ class Runtime:
         self.memory.alloc(s)
         if not s.pinned:
             self._add_candidate(s)
+        elif s.moves:
+            self._add_movable(s)
         if self.listeners:
             self.emit("swapin", s)
 
@@ -960,12 +1008,51 @@ class Runtime:
                     tracker.superseded(s)
 
     def _choose(self) -> Storage | None:
+        best = self._candidate()
+        if self.movable:  # NOTE [ Swapping ] 9: a pinned value the tier can take, if it scores lower
+            t0 = time.perf_counter()
+            m, v = self._best_movable(True)
+            if m is None and best is None and self._soft:  # what an unheld plan reads, as a last resort
+                m, v = self._best_movable(False)
+            if m is not None and v < self._score:
+                best = m
+            self.search_seconds += time.perf_counter() - t0
+        return best
+
+    def _best_movable(self, skip_soft: bool) -> tuple[Storage | None, float]:
+        """Of the pinned values a tier may copy out (``movable``), the one with the lowest score, the copies
+        it needs as its cost, and that score (NOTE [ Swapping ] 9). ``skip_soft``: not one that an unheld
+        plan's next steps read."""
+        tier: Tier = self.tier  # type: ignore[assignment]
+        room = tier.free_bytes()
+        soft = self._soft if skip_soft else None
+        now = self.clock
+        policy = self.policy
+        # a copy back brings no evicted neighbourhood with it (NOTE [ Swapping ] 3): the smallest extra there is
+        neutral = Chain(0.0, 0.0, 1) if policy.extra == "chain" else 0.0
+        best, best_score = None, math.inf
+        for s in self.movable:
+            n = s.nbytes
+            if s.locks or n == 0 or (s.host is None and n > room) or (soft and soft.get(s)):
+                continue
+            cost = tier.in_cost(n) + (0.0 if s.host is not None else tier.out_cost(n))
+            stale = now - s.last_access + 1e-9
+            v = cost / (n * stale) if policy.h_dtr else policy.score(cost, n, stale, neutral)
+            if v < best_score:
+                best, best_score = s, v
+        return best, best_score
+
+    def _candidate(self) -> Storage | None:
+        """The policy's victim among the candidates; ``_score`` its score (-inf: a due drop or a plan's
+        furthest read, taken first; inf: none)."""
         if not self.tracking:
             self.track()
         t0 = time.perf_counter()
+        self._score = -math.inf
         cands = self.candidates
         n = len(cands)
         if n == 0:
+            self._score = math.inf
             self.search_seconds += time.perf_counter() - t0
             return None
         pool: Any = cands
@@ -985,6 +1072,7 @@ class Runtime:
             best = self._best([s for s in pool if not soft.get(s)], floor)
             if best is None:
                 best = self._furthest(cands)
+                self._score = -math.inf if best is not None else math.inf
         if best is None:
             best = self._best(pool, floor)
         if best is None and floor > 0:
@@ -1053,6 +1141,7 @@ class Runtime:
                     v = (c + extra(s)) / d
                 if v < best_score:
                     best, best_score = s, v
+            self._score = best_score
             return best
         for s in pool:
             if s.locks or s.nbytes < floor or s.nbytes == 0:
@@ -1066,6 +1155,7 @@ class Runtime:
                 v = score(s.cost, s.nbytes, stale, extra(s))
             if v < best_score:
                 best, best_score = s, v
+        self._score = best_score
         return best
 
     # ------------------------------------------------------------------ rematerialization
@@ -1370,6 +1460,8 @@ class Runtime:
             self.memory.alloc(o)
             if not o.pinned:
                 self._add_candidate(o)
+            elif o.moves:
+                self._add_movable(o)
             if o.host is not None:  # swapped, recomputed with a sibling: its copy is a spare
                 self.tier.keep(o)  # type: ignore[union-attr]
             elif self.tracking:
@@ -1425,6 +1517,9 @@ class Runtime:
                 total += s.nbytes
             internal_assert((s in self.candidates) == (s.resident and not s.pinned), f"candidate set wrong for {s}")
             internal_assert(not s.banished or (s.resident and s.pinned), f"banished {s} not resident and pinned")
+            internal_assert(not s.moves or s.pinned, f"{s} moves but is not pinned")
+            internal_assert((s in self.movable) == (self.tier is not None and s.resident and s.moves),
+                            f"movable set wrong for {s}")
             internal_assert(s.awaits == (s in self._awaiting) and (not s.awaits or s.resident),
                             f"{s}: awaits={s.awaits} but {'in' if s in self._awaiting else 'not in'} the kept set")
             banished += s.nbytes if s.banished else 0
@@ -1438,7 +1533,8 @@ class Runtime:
             internal_assert(sum(s.nbytes for s in tier.spare) == tier.spare_bytes, "spare bytes wrong")
             internal_assert(tier.budget is None or tier.used <= tier.budget,
                             f"host tier holds {tier.used} B over its budget {tier.budget} B")
-            internal_assert(not any(s.pinned for s in tier.spare), "a pinned value keeps a copy")
+            internal_assert(not any(s.pinned and not s.moves for s in tier.spare), "a pinned value keeps a copy")
+            internal_assert(sum(s.nbytes for s in self.movable) == self.movable_bytes, "movable bytes wrong")
         internal_assert(banished == self.banished_bytes, f"banished bytes {self.banished_bytes} != {banished}")
         internal_assert(total + self.memory.constants == self.memory.tracked,
                         f"tracked {self.memory.tracked} != resident {total} + constants {self.memory.constants}")

@@ -224,10 +224,7 @@ class Front:
             return
         rt = self.rt
         with _disable_current_modes():
-            for s in rt.stranded(ops):  # NOTE [ Changed inputs ] 2: recomputed with the old value, kept
-                if not s.resident:
-                    rt.rematerialize(s)
-                rt.pin(s)
+            rt.rescue(ops)  # NOTE [ Changed inputs ] 2: recomputed with the old value, kept
         rt.invalidate(ops, f"{what} wrote a constant it was computed from (an optimizer step, a write "
                            f"through .data, or t.data = ...), so recomputing it would give another value")
 
