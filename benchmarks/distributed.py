@@ -1,18 +1,24 @@
-"""What torch-dtr buys per rank under FSDP2, DDP and tensor parallelism (CPU, gloo): writes docs/distributed.md.
+"""What torch-dtr buys per rank under FSDP2, DDP and tensor parallelism: writes docs/distributed.md (CPU, gloo)
+or docs/distributed-cuda.md (one GPU per rank, NCCL).
 
     python benchmarks/distributed.py [--out docs] [--world 2] [--steps 4]
+    python benchmarks/distributed.py --device cuda --world 1 --width 2048 --batch 8192 --cap-mib 8192
 
-Each program (an MLP of 8 blocks, width 512, batch 1024, AdamW) runs on WORLD spawned ranks, once per contender:
-plain, activation checkpointing of every block (``torch.utils.checkpoint``; FSDP2 and DDP), torch-dtr with no
-budget, and torch-dtr at a budget halfway between its single-op floor and its peak. Memory is torch-dtr's
-tracked peak per rank (for plain and checkpointing: one more run under torch-dtr without a budget, which keeps
-exactly what the program keeps); step: the median of the steps after one warm-up, on rank 0.
-"""
+Each program (an MLP of residual blocks, AdamW) runs on WORLD spawned ranks; every contender runs in turn in one
+process group: plain, activation checkpointing of every block (``torch.utils.checkpoint``; not for tensor
+parallelism), torch-dtr with no budget, with its host tier (``swap=True``) and no budget, then torch-dtr at a
+budget halfway between its single-op floor and its peak, and with the host tier at half of plain's peak (or 1.25x
+the tier's floor, if higher). Memory: on the CPU torch-dtr's tracked peak per rank (for plain and checkpointing:
+one more run under torch-dtr without a budget, which keeps exactly what the program keeps); on CUDA the
+allocator's ``max_memory_allocated``. Step: the median of the steps after one warm-up, on rank 0. Bitwise:
+losses and parameters equal to plain's on every rank. ``--cap-mib`` (CUDA): the largest FSDP2 batch per rank
+under that cap."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -27,14 +33,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint
 
-WIDTH, DEPTH, BATCH = 512, 8, 1024
+SIZE = {"width": 512, "depth": 8, "batch": 1024}
 
 
 class Block(torch.nn.Module):
-    def __init__(self, ckpt: bool = False) -> None:
+    def __init__(self, width: int, ckpt: bool = False) -> None:
         super().__init__()
-        self.up = torch.nn.Linear(WIDTH, 4 * WIDTH)
-        self.down = torch.nn.Linear(4 * WIDTH, WIDTH)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
         self.ckpt = ckpt
 
     def inner(self, x: torch.Tensor) -> torch.Tensor:
@@ -44,16 +50,16 @@ class Block(torch.nn.Module):
         return checkpoint(self.inner, x, use_reentrant=False) if self.ckpt else self.inner(x)
 
 
-def build(program: str, ckpt: bool, world: int) -> torch.nn.Module:
+def build(program: str, ckpt: bool, world: int, dev: torch.device, size: dict) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block(ckpt) for _ in range(DEPTH)])
+    model = torch.nn.Sequential(*[Block(size["width"], ckpt) for _ in range(size["depth"])]).to(dev)
     if program == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     if program == "tp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(dev.type, (world,))
         for m in model:
             parallelize_module(m, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
         return model
@@ -66,30 +72,43 @@ def build(program: str, ckpt: bool, world: int) -> torch.nn.Module:
     return model
 
 
-def rank_main(rank: int, world: int, port: int, spec: dict, q: mp.Queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        h.update(local.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def one(spec: dict, rank: int, world: int, dev: torch.device) -> dict:
+    """Train one contender for ``spec["steps"]`` steps; its memory, step time, losses and parameter digest."""
     import torch_dtr
 
-    model = build(spec["program"], spec["ckpt"], world)
+    cuda = dev.type == "cuda"
+    size = spec.get("size", SIZE)
+    model = build(spec["program"], spec["ckpt"], world, dev, size)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(1 + rank)
-    x = torch.randn(BATCH, WIDTH)
-    out: dict = {"rank": rank}
+    x = torch.randn(size["batch"], size["width"], device=dev)
+    out: dict = {"rank": rank, "batch": size["batch"]}
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     if spec["dtr"]:
-        torch_dtr.enable(budget=spec["budget"])
+        torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False))
     try:
-        times = []
+        times, losses = [], []
         for _ in range(spec["steps"]):
             t0 = time.perf_counter()
             loss = model(x).pow(2).mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
+            losses.append(torch_dtr.unwrap(loss).item())  # (a host sync on CUDA)
             dist.barrier()
             times.append(time.perf_counter() - t0)
-        out["step_s"] = statistics.median(times[1:])
+        out["step_s"] = statistics.median(times[1:] or times)
+        out["losses"] = losses
     except Exception as e:  # reported, not raised: the other ranks would hang
         out["error"] = f"{type(e).__name__}: {str(e)[:200]}"
     finally:
@@ -97,24 +116,56 @@ def rank_main(rank: int, world: int, port: int, spec: dict, q: mp.Queue) -> None
             st = torch_dtr.stats()
             torch_dtr.disable()
             out |= {"peak": st.peak_bytes, "floor": st.floor_bytes, "evictions": st.evictions,
-                    "remats": st.rematerializations}
-    q.put(out)
+                    "remats": st.rematerializations, "swaps_in": st.swaps_in or 0}
+    if cuda:  # the allocator's count is what a GPU user runs out of
+        out["peak"] = torch.cuda.max_memory_allocated()
+    if "error" not in out:
+        out["digest"] = _digest(model)
+    del model, opt, x
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def rank_main(rank: int, world: int, port: int, specs: list[dict], device: str, q: mp.Queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+        dev = torch.device("cuda", rank)
+    else:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dev = torch.device("cpu")
+    results = []
+    for spec in specs:
+        if device == "cuda" and spec.get("cap"):  # the largest batch under a cap: the allocator refuses beyond it
+            total = torch.cuda.get_device_properties(rank).total_memory
+            torch.cuda.set_per_process_memory_fraction(spec["cap"] / total)
+        results.append(one(spec, rank, world, dev))
+        print(f"rank {rank}: {spec.get('label', '')}: {results[-1].get('error', 'ok')}", file=sys.stderr, flush=True)
+    q.put(results)
     dist.destroy_process_group()
 
 
-def run(spec: dict, world: int) -> list[dict]:
+def run(specs: list[dict], world: int, device: str) -> list[list[dict]]:
+    """Run each spec in turn on ``world`` ranks of one process group; per spec, the ranks' results."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, spec, q)) for r in range(world)]
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, specs, device, q)) for r in range(world)]
     for p in procs:
         p.start()
-    res = sorted((q.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
+    per_rank = sorted((q.get(timeout=1800) for _ in procs), key=lambda r: r[0]["rank"])
     for p in procs:
         p.join(timeout=60)
-    return res
+    return [list(rs) for rs in zip(*per_rank, strict=True)]
+
+
+PROGRAMS = ("fsdp", "fsdp, reshard_after_forward=False", "ddp", "tp")
 
 
 def main() -> int:
@@ -122,58 +173,122 @@ def main() -> int:
     ap.add_argument("--out", default="docs")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank")
+    ap.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=PROGRAMS)
+    ap.add_argument("--width", type=int, default=SIZE["width"])
+    ap.add_argument("--depth", type=int, default=SIZE["depth"])
+    ap.add_argument("--batch", type=int, default=SIZE["batch"])
+    ap.add_argument("--cap-mib", type=int, default=0, help="CUDA: also the largest FSDP2 batch per rank under this")
     a = ap.parse_args()
-    rows = []
-    for program in ("fsdp", "fsdp, reshard_after_forward=False", "ddp", "tp"):
-        base = {"program": program, "steps": a.steps, "budget": None}
-        contenders = [("plain", {"ckpt": False, "dtr": False})]
+    size = {"width": a.width, "depth": a.depth, "batch": a.batch}
+    cuda = a.device == "cuda"
+    rows, raw = [], {}
+    for program in a.programs:
+        base = {"program": program, "steps": a.steps, "budget": None, "size": size}
+        first = [("plain", {"ckpt": False, "dtr": False})]
         if program != "tp":
-            contenders.append(("checkpoint every block", {"ckpt": True, "dtr": False}))
-        contenders.append(("torch-dtr, no budget", {"ckpt": False, "dtr": True}))
-        results = {}
-        for label, c in contenders:
-            print(f"{program}: {label}", file=sys.stderr, flush=True)
-            r = run(base | c, a.world)
-            if not c["dtr"]:  # its tracked memory: the same program under torch-dtr without a budget
-                r0 = run(base | c | {"dtr": True, "steps": 2}, a.world)
-                for x, y in zip(r, r0, strict=True):
-                    x["peak"] = y.get("peak")
-            results[label] = r
-        free = results["torch-dtr, no budget"]
-        budget = (max(r["floor"] for r in free) + min(r["peak"] for r in free)) // 2
-        print(f"{program}: torch-dtr at {budget} B", file=sys.stderr, flush=True)
-        results["torch-dtr, halfway between floor and peak"] = run(base | {"ckpt": False, "dtr": True,
-                                                                          "budget": budget}, a.world)
-        plain = results["plain"][0]
-        for label, r in results.items():
+            first.append(("checkpoint every block", {"ckpt": True, "dtr": False}))
+        first += [("torch-dtr, no budget", {"ckpt": False, "dtr": True}),
+                  ("torch-dtr + host tier, no budget", {"ckpt": False, "dtr": True, "swap": True})]
+        if not cuda:  # tracked memory of the plain contenders: the same program under torch-dtr without a budget
+            first += [(f"{label} (memory)", c | {"dtr": True, "steps": 2}) for label, c in first if not c["dtr"]]
+        print(f"{program}: {', '.join(label for label, _ in first)}", file=sys.stderr, flush=True)
+        got = dict(zip((label for label, _ in first), run([base | c | {"label": label} for label, c in first],
+                                                              a.world, a.device), strict=True))
+        for label in [k for k in got if k.endswith(" (memory)")]:
+            for x, y in zip(got[label.removesuffix(" (memory)")], got.pop(label), strict=True):
+                x["peak"] = y.get("peak")
+        free, tier = got["torch-dtr, no budget"], got["torch-dtr + host tier, no budget"]
+        half = (max(r["floor"] for r in free) + min(r["peak"] for r in free)) // 2
+        low = max(min(r["peak"] for r in got["plain"]) // 2, int(1.25 * max(r["floor"] for r in tier)))
+        second = [(f"torch-dtr at {half / 2**20:.0f} MiB (halfway between floor and peak)",
+                   {"ckpt": False, "dtr": True, "budget": half}),
+                  (f"torch-dtr + host tier at {low / 2**20:.0f} MiB", {"ckpt": False, "dtr": True, "budget": low,
+                                                                       "swap": True})]
+        print(f"{program}: {', '.join(label for label, _ in second)}", file=sys.stderr, flush=True)
+        got |= dict(zip((label for label, _ in second), run([base | c | {"label": label} for label, c in second],
+                                                               a.world, a.device), strict=True))
+        raw[program] = got
+        plain = got["plain"][0]
+        for label, r in got.items():
             r0 = r[0]
+            same = all(x.get("losses") == p.get("losses") and x.get("digest") == p.get("digest")
+                       for x, p in zip(r, got["plain"], strict=True)) if "error" not in r0 else None
             rows.append((program, label, max(x.get("peak") or 0 for x in r), r0.get("step_s"),
                          r0.get("step_s", 0) / plain["step_s"] if r0.get("step_s") else None,
-                         r0.get("evictions", "-"), r0.get("remats", "-"), r0.get("error", "")))
-    lines = ["# torch-dtr under torch.distributed", "",
-             f"Measured {datetime.date.today().isoformat()}, {a.world} CPU ranks (gloo) on {os.cpu_count()} cores, "
-             f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}. Command: "
-             f"`python benchmarks/distributed.py --world {a.world} --steps {a.steps}`. An MLP of {DEPTH} residual "
-             f"blocks (width {WIDTH}, 4x expansion, GELU), batch {BATCH} per rank, AdamW. Memory: the largest "
-             "rank's tracked peak (parameters, optimizer state and activations the rank holds); step: rank 0's "
-             "median after one warm-up.", "",
-             "| program | contender | tracked peak per rank | step | vs plain | evictions | recomputations | note |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for program, label, peak, step, ratio, ev, rm, err in rows:
+                         r0.get("evictions", "-"), r0.get("remats", "-"), r0.get("swaps_in", "-"),
+                         "-" if same is None else "yes" if same else "NO", r0.get("error", "")))
+    scale = largest(a, size) if cuda and a.cap_mib and "fsdp" in a.programs else []
+    write(a, size, rows, scale, raw)
+    return 0
+
+
+def largest(a: argparse.Namespace, size: dict) -> list[tuple[str, int]]:
+    """The largest multiple of the batch that trains FSDP2 (default resharding) under ``--cap-mib`` per rank."""
+    cap = a.cap_mib * 2**20
+    specs = [("plain", {"ckpt": False, "dtr": False}), ("checkpoint every block", {"ckpt": True, "dtr": False}),
+             ("torch-dtr at 90% of the cap", {"ckpt": False, "dtr": True, "budget": int(0.9 * cap)}),
+             ("torch-dtr + host tier at 90% of the cap", {"ckpt": False, "dtr": True, "budget": int(0.9 * cap),
+                                                           "swap": True})]
+    multiples = (1, 2, 3, 4, 6, 8)
+    runs = [{"program": "fsdp", "steps": 2, "cap": cap, "label": f"{label} x{m}",
+             "size": size | {"batch": size["batch"] * m}} | c for label, c in specs for m in multiples]
+    print(f"largest batch under {a.cap_mib} MiB: {len(runs)} runs", file=sys.stderr, flush=True)
+    got = iter(run(runs, a.world, a.device))  # one process group; a failed size fails fast
+    found = []
+    for label, _ in specs:
+        ok = [not any("error" in x for x in next(got)) for _ in multiples]
+        best = 0
+        for m, good in zip(multiples, ok, strict=True):
+            if not good:
+                break
+            best = size["batch"] * m
+        found.append((label, best))
+    return found
+
+
+def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict) -> None:
+    cuda = a.device == "cuda"
+    where = (f"{a.world} rank(s) on {torch.cuda.get_device_name(0)} (NCCL), torch {torch.__version__}" if cuda else
+             f"{a.world} CPU ranks (gloo) on {os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}")
+    flags = "" if not cuda else f" --device cuda --width {a.width} --depth {a.depth} --batch {a.batch}" + (
+        f" --cap-mib {a.cap_mib}" if a.cap_mib else "")
+    memory = ("the largest rank's `max_memory_allocated`; budgets bound it" if cuda else
+              "the largest rank's tracked peak (parameters, optimizer state and activations the rank holds)")
+    lines = [f"# torch-dtr under torch.distributed{' on a GPU' if cuda else ''}", "",
+             f"Measured {datetime.date.today().isoformat()}, {where}, Python {platform.python_version()}. Command: "
+             f"`python benchmarks/distributed.py --world {a.world} --steps {a.steps}{flags}`. An MLP of "
+             f"{size['depth']} residual blocks (width {size['width']}, 4x expansion, GELU), batch {size['batch']} "
+             f"per rank, AdamW. Memory: {memory}; step: rank 0's median after one warm-up; bitwise: losses and "
+             "parameters equal to plain's on every rank.", "",
+             "| program | contender | peak per rank | step | vs plain | evictions | recomputations | copies back "
+             "| bitwise | note |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for program, label, peak, step, ratio, ev, rm, back, same, err in rows:
         lines.append(f"| {program} | {label} | {peak / 2**20:.1f} MiB | "
                      f"{'-' if step is None else f'{step * 1e3:.0f} ms'} | {'-' if ratio is None else f'{ratio:.2f}x'}"
-                     f" | {ev} | {rm} | {err} |")
+                     f" | {ev} | {rm} | {back} | {same} | {err} |")
+    if scale:
+        lines += ["", f"The largest batch per rank that trains FSDP2 (default resharding) under a cap of "
+                      f"{a.cap_mib:,} MiB per rank (`torch.cuda.set_per_process_memory_fraction`; multiples 1, 2, "
+                      f"3, 4, 6, 8 of {size['batch']}, two steps each):", "",
+                  "| contender | largest batch |", "| --- | ---: |"]
+        lines += [f"| {label} | {b:,} |" for label, b in scale]
     lines += ["", "FSDP2's reshards pin what each layer computed from its parameters (NOTE [ Resharded parameters ]) "
-              "and collectives' outputs are never recomputed, so under FSDP2 and tensor parallelism torch-dtr can "
-              "evict only what lies between them; with `reshard_after_forward=False` FSDP2 keeps each layer's "
-              "parameters from its forward to its backward and nothing is pinned. Two ranks share two cores "
-              "here: step times move by about 10% between runs (torch-dtr below plain is that noise); read the "
-              "memory column.", ""]
-    path = Path(a.out) / "distributed.md"
+              "and collectives' outputs are never recomputed, so under FSDP2 and tensor parallelism recomputation "
+              "alone can evict only what lies between them; with the host tier (`swap=True`) such pinned values "
+              "are copied to host memory instead (NOTE [ Swapping ] 9). With `reshard_after_forward=False` FSDP2 "
+              "keeps each layer's parameters from its forward to its backward and nothing is pinned."]
+    if not cuda:
+        lines += ["On the CPU a copy to the host tier saves no RAM (it is counted as off the budget, as device "
+                  "memory would be). Two ranks share two cores here: step times move by about 10% between runs; "
+                  "read the memory column."]
+    lines.append("")
+    name = "distributed-cuda" if cuda else "distributed"
+    path = Path(a.out) / f"{name}.md"
     path.write_text("\n".join(lines))
-    (Path(a.out) / "distributed.json").write_text(json.dumps(rows))
+    (Path(a.out) / f"{name}.json").write_text(json.dumps({"rows": rows, "scale": scale, "raw": raw}))
     print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":
