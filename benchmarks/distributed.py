@@ -179,6 +179,8 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=SIZE["depth"])
     ap.add_argument("--batch", type=int, default=SIZE["batch"])
     ap.add_argument("--cap-mib", type=int, default=0, help="CUDA: also the largest FSDP2 batch per rank under this")
+    ap.add_argument("--tier-ratios", type=float, nargs="*", default=[],
+                    help="also torch-dtr + host tier at these fractions of plain's peak")
     a = ap.parse_args()
     size = {"width": a.width, "depth": a.depth, "batch": a.batch}
     cuda = a.device == "cuda"
@@ -205,6 +207,10 @@ def main() -> int:
                    {"ckpt": False, "dtr": True, "budget": half}),
                   (f"torch-dtr + host tier at {low / 2**20:.0f} MiB", {"ckpt": False, "dtr": True, "budget": low,
                                                                        "swap": True})]
+        plain_peak = min(r["peak"] for r in got["plain"])
+        second += [(f"torch-dtr + host tier at {f:.0%} of plain", {"ckpt": False, "dtr": True, "swap": True,
+                                                                   "budget": int(f * plain_peak)})
+                   for f in a.tier_ratios]
         print(f"{program}: {', '.join(label for label, _ in second)}", file=sys.stderr, flush=True)
         got |= dict(zip((label for label, _ in second), run([base | c | {"label": label} for label, c in second],
                                                                a.world, a.device), strict=True))
@@ -253,6 +259,8 @@ def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict)
              f"{a.world} CPU ranks (gloo) on {os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}")
     flags = "" if not cuda else f" --device cuda --width {a.width} --depth {a.depth} --batch {a.batch}" + (
         f" --cap-mib {a.cap_mib}" if a.cap_mib else "")
+    flags += "".join(f" --tier-ratios {' '.join(map(str, a.tier_ratios))}" for _ in a.tier_ratios[:1])
+    flags += "".join(f" --programs {' '.join(map(repr, a.programs))}" for _ in [0] if a.programs != list(PROGRAMS))
     memory = ("the largest rank's `max_memory_allocated`; budgets bound it" if cuda else
               "the largest rank's tracked peak (parameters, optimizer state and activations the rank holds)")
     lines = [f"# torch-dtr under torch.distributed{' on a GPU' if cuda else ''}", "",
