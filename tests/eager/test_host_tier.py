@@ -140,3 +140,35 @@ def test_banishing_is_off_only_with_a_tier_that_can_hold_the_budget():
             assert torch_dtr.runtime().banish_depth == depth, kw
         finally:
             torch_dtr.disable()
+
+
+def test_a_value_pinned_by_a_changed_constant_is_copied_out_and_an_in_place_write_renews_its_copy():
+    """NOTE [ Swapping ] 9, at a budget of 2.5 MiB: ``a`` was computed from the constant ``w``, which then
+    changed, so ``a`` is pinned, but only the runtime holds it: the host tier copies it out for room and back
+    when read. Written in place afterwards (nothing reads it: no new version), its old copy must not come
+    back."""
+    mib = 1 << 18  # floats
+    w = torch.randn(mib)
+    expected = (w * 2 + 1).clone()
+    torch_dtr.enable(budget=int(2.5 * 4 * mib), swap=True, swap_gbps=1000)
+    try:
+        with torch.no_grad():
+            a = w * 2  # managed (inference), its recipe reads w
+            w.add_(1)  # a's recipe can no longer run: a is pinned movable
+            s = a._cell.current()
+            assert s.pinned and s.moves
+            c = w + 1  # no room for a third MiB: a is copied out (nothing else can go)
+            assert not s.resident and s.host is not None
+            del c
+            a.add_(1)  # copied back, then written in place: its copy is stale and goes
+            s = a._cell.current()
+            assert s.resident and s.host is None
+            d = w + 2  # a goes out again, with a fresh copy
+            assert not s.resident and s.host is not None
+            del d
+        got = torch_dtr.unwrap(a).clone()  # (grad mode on: a plain op)
+        st = torch_dtr.stats()
+    finally:
+        torch_dtr.disable()
+    assert torch.equal(got, expected)
+    assert st.swaps_out == 2 and st.swaps_in == 2 and st.peak_bytes <= int(2.5 * 4 * mib)

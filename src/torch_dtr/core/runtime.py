@@ -684,6 +684,13 @@ class Runtime:
             self._orphaned(old)
         return new
 
+    def overwritten(self, s: Storage) -> None:
+        """The driver wrote the pinned ``s`` in place without a new version (nothing reads it): a copy of it in
+        the tier holds the old value and goes (NOTE [ Swapping ] 9)."""
+        if s.host is not None:
+            internal_assert(s.resident, f"in-place write to the swapped {s}")
+            self.tier.drop(s)  # type: ignore[union-attr]
+
     def pin(self, s: Storage, movable: bool = False) -> None:
         """Never drop ``s`` from now on: its memory is shared with something the runtime cannot see, or
         (``movable``) its recipe can no longer run, and then a tier may still copy it out (NOTE [ Swapping ] 9).

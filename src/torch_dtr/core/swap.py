@@ -41,6 +41,16 @@
 #    bench's LSTM loop (width 768, sequence 96): with the tier and depth 2 the smallest budget that trains is
 #    above 45% of its peak (41 MiB pinned by banishing at 45%); with depth 0 it trains at 45%, 40% and 35%
 #    (the single-op floor is 34%), at the same step time at 50% and 60%.
+# 9. A value pinned because its recipe can no longer run (``invalidate``: a constant it read changed, FSDP2
+#    freed the parameters it read, banishing; and what ``rescue`` brought back for that) is pinned *movable*
+#    (``Storage.moves``): only the runtime holds it, so with a tier it may be swapped, never dropped. Such
+#    values (``Runtime.movable``) compete with the policy's victim by the same score, with their copies
+#    (out and back) as their cost and no evicted neighbourhood; they go only where the tier has room. A value
+#    pinned because something outside shares its memory (``unwrap``, ``t.data = v``) is never copied. Such a
+#    value that nothing reads may be written in place (no new version): its copy goes (``overwritten``). With a
+#    tier, the single-op floor leaves movable values out as it leaves candidates out. Under FSDP2's default
+#    resharding this turns a floor of 91% of the peak into one of 36% (tests' MLP on two CPU ranks, gloo;
+#    tests/eager/test_distributed.py), bitwise.
 """
 
 from __future__ import annotations

@@ -318,6 +318,10 @@ class Front:
             if fi.learns_size:  # NOTE [ Size prediction ] 6
                 self.sizes.learn(fi, pargs, pkwargs, sum(flat[i].untyped_storage().nbytes() for i in fresh))
             written = [s for s in cow if s.deps or s.recomputable]  # else pinned and unread: a plain write
+            if len(written) < len(cow):
+                for s in cow:
+                    if s.host is not None and s not in written:
+                        rt.overwritten(s)  # its copy in the host tier is stale now
             op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, rng, cost,
                                       fresh, written, flat, len(written) < len(cow))
             if on_cuda and op is not None and self.timer is not None:

@@ -11,6 +11,8 @@
 #    the recipes that read them are invalidated, and what they computed that is still needed is brought back
 #    if evicted (the parameters are still there) and pinned. Values computed from those values stay
 #    evictable: chains of recomputation stop at each layer's outputs of its parameter ops (matmuls, norms).
+#    Those outputs are pinned movable: with ``swap=True`` they are copied to host memory when the budget
+#    needs their bytes (NOTE [ Swapping ] 9), so the default resharding goes as low as rule 5's.
 # 3. Freed storages leave the constants' count at once, so unsharded parameters count against the budget
 #    only while they are unsharded; the next managed op that reads one again counts it again.
 # 4. While enabled, ``FSDPParam.free_unsharded_param`` is wrapped, where FSDP2 was imported before
