@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -91,7 +92,9 @@ def one(spec: dict, rank: int, world: int, dev: torch.device) -> dict:
     torch.manual_seed(1 + rank)
     x = torch.randn(size["batch"], size["width"], device=dev)
     out: dict = {"rank": rank, "batch": size["batch"]}
+    gc.collect()  # what the contender before left in reference cycles (DDP's reducer) must not count here
     if cuda:
+        torch.cuda.empty_cache()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     if spec["dtr"]:
