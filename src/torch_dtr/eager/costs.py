@@ -59,7 +59,9 @@ _CACHE_MAX = 20_000
 
 def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of ``func(*args, **kwargs) -> out`` by PyTorch's formulas; 0 for ops without one."""
-    f = _FORMULA.get(func, _NONE)
+    f = getattr(func, "_dtr_flops", _NONE)  # kept on the OpOverload: its __hash__ is Python code
+    if f is _NONE:
+        f = _FORMULA.get(func, _NONE)
     if f is _NONE:
         packet = func._overloadpacket
         fast = _FAST.get(packet.__name__) if func.namespace == "aten" else None
@@ -68,6 +70,10 @@ def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         else:
             f = (None, flop_registry[packet]) if packet in flop_registry else None
         _FORMULA[func] = f
+        try:
+            func._dtr_flops = f
+        except (AttributeError, TypeError):
+            pass
     if f is None:
         return 0
     fast, slow = f
@@ -84,6 +90,10 @@ def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         n = int(slow(*args, out_val=out, **kwargs))
     except Exception:  # a formula that does not take this overload's arguments: count bytes only
         _FORMULA[func] = None
+        try:
+            func._dtr_flops = None
+        except (AttributeError, TypeError):
+            pass
         return 0
     if key is not None:
         if len(_CACHE) >= _CACHE_MAX:

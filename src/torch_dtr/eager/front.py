@@ -247,6 +247,35 @@ class Front:
             consts.append(x)
         return x
 
+    def _scan_top(self, args: tuple, refs: list[Ref], consts: list[torch.Tensor]) -> tuple[tuple, tuple] | None:
+        """``scan`` and ``fill`` in one pass, for positional arguments without lists whose managed inputs are
+        all resident: the call template and the plain arguments; None where that does not hold."""
+        targs = []
+        pargs = []
+        for a in args:
+            t = type(a)
+            if t is DTRTensor:
+                cell = a._cell
+                s = cell.storage
+                if s.forward is not None:
+                    s = cell.current()
+                p = s.payload
+                if p is None or cell.front is not self:
+                    return None
+                geom = cell.geom
+                r = Ref(s, geom)
+                refs.append(r)
+                targs.append(r)
+                pargs.append(p if geom is None else view_of(p, geom))
+            elif t is list or t is tuple:
+                return None
+            else:
+                if isinstance(a, torch.Tensor):
+                    consts.append(a)
+                targs.append(a)
+                pargs.append(a)
+        return tuple(targs), tuple(pargs)
+
     # ------------------------------------------------------------------ the per-op path
     # Phases of one managed op (``_run``): acquire its managed inputs (the core rematerializes and locks
     # them), plan its in-place writes and reserve its outputs' bytes (``_plan``), run it (``_execute``:
@@ -259,6 +288,8 @@ class Front:
             try:
                 if self.pending:
                     self.drain()
+                if fi.simple:
+                    return self._run_simple(fi, args, kwargs)
                 if fi.restrides and type(args[0]) is DTRTensor and args[0]._cell.front is self:
                     return self._restride(fi, args, kwargs)
                 return self._run(fi, args, kwargs)
@@ -337,13 +368,98 @@ class Front:
             rt.reserve(0, fi.name)
         if rt.listeners:
             rt.emit("op", None)
-        if isinstance(out, torch.Tensor):
-            return results[0]
-        if isinstance(out, (tuple, list)):
-            it = iter(results)
-            rebuilt = [type(o)(next(it) for _ in o) if isinstance(o, (tuple, list)) else next(it) for o in out]
-            return type(out)(rebuilt)
-        return out
+        return _rebuild(out, results)
+
+    def _run_simple(self, fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
+        """``_run`` for an op that only makes new tensors (``FuncInfo.simple``: nothing written, no view, no
+        randomness): the same steps in the same order, without the branches that cannot apply."""
+        rt = self.rt
+        refs: list[Ref] = []
+        consts: list[torch.Tensor] = []
+        pargs = None if kwargs else self._scan_top(args, refs, consts)
+        if pargs is None:  # lists among the arguments, keyword arguments, an input evicted: the general scan
+            refs.clear()
+            consts.clear()
+            targs = self.scan(args, refs, consts)
+            tkwargs = {k: self.scan(v, refs, consts) for k, v in kwargs.items()} if kwargs else {}
+        else:
+            targs, pargs = pargs
+            tkwargs = {}
+        ins = [r.storage for r in refs]
+        held = rt.acquire(ins) if refs else ()
+        try:
+            if consts:
+                see = self.consts.see
+                for c in consts:
+                    see(c, fi.name)
+            if type(pargs) is tuple:  # from _scan_top: the inputs were resident, and now they are locked
+                pkwargs = tkwargs
+            elif refs:
+                pargs = fill(targs, None, _EMPTY)
+                pkwargs = {k: fill(v, None, _EMPTY) for k, v in tkwargs.items()} if tkwargs else {}
+            else:
+                pargs, pkwargs = targs, tkwargs
+            dev = self.dev
+            budget = rt.budget
+            on_cuda = dev is not None and _on_device(dev, refs, consts)
+            need = 0
+            if budget is not None:
+                need = self.sizes.predict(fi, pargs, pkwargs)
+                if need and on_cuda:  # NOTE [ Device memory ] 2
+                    need += GRANULE * len(fi.returns)
+            if budget is not None or dev is not None:
+                if on_cuda and self.timer is not None and self.timer.pending:
+                    self.timer.resolve(rt)
+                rt.reserve(need, fi.name)
+            versions = [version(c) for c in consts] if consts else None
+            if on_cuda or not self.model:
+                out, cost, start = self._execute(fi, pargs, pkwargs, need, None, on_cuda)
+            else:
+                out, cost, start = fi.op(*pargs, **pkwargs), 0.0, None
+            flat = [out] if type(out) is _TENSOR else flat_outputs(out)
+            if self.model:
+                cost = model_cost(fi.func, pargs, pkwargs, flat, self.rates if on_cuda else "cpu")
+            fresh = [i for i, o in enumerate(flat) if type(o) is _TENSOR and o.layout == _STRIDED and not o.is_nested]
+            op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, None, cost,
+                                      fresh, [], flat, False)
+            if on_cuda and op is not None and self.timer is not None:
+                self.timer.stop(op, start)
+            results = self._wrap_fresh(op, recipe, flat, fresh)
+        finally:
+            if held:
+                rt.release(held)
+        if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
+            bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
+            self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
+            rt.reserve(0, fi.name)
+        if rt.listeners:
+            rt.emit("op", None)
+        return _rebuild(out, results)
+
+    def _wrap_fresh(self, op: Op | None, recipe: Recipe | None, flat: list[Any], fresh: list[int]) -> list[Any]:
+        """``_wrap`` for outputs that are all fresh (``FuncInfo.simple``)."""
+        rt = self.rt
+        dev = self.dev
+        results: list[Any] = list(flat)
+        by_ptr: dict[int, tuple[Storage, torch.Tensor]] | None = {} if len(fresh) > 1 else None
+        for i in fresh:  # one storage per distinct buffer
+            o = flat[i]
+            st = o.untyped_storage()
+            hit = by_ptr.get(st.data_ptr()) if by_ptr is not None and st.data_ptr() else None
+            if hit is None:
+                nbytes = st.nbytes()
+                if dev is not None and nbytes and dev.owns(o):  # counted as the allocator counts it
+                    nbytes = -(-nbytes // GRANULE) * GRANULE
+                s = rt.output(op, nbytes, o)
+                if recipe is not None:
+                    recipe.outs.append(i)
+                if by_ptr is not None:
+                    by_ptr[st.data_ptr()] = (s, o)
+                results[i] = DTRTensor(Cell(self, s, None), o)
+            else:
+                s, payload = hit
+                results[i] = DTRTensor(Cell(self, s, geometry(o, payload)), o)
+        return results
 
     def _plan(self, fi: FuncInfo, targs: Any, tkwargs: dict, pargs: Any, pkwargs: dict, refs: list[Ref],
               consts: list[torch.Tensor]) -> tuple[list[Storage], dict[Storage, torch.Tensor] | None, int, bool]:
@@ -751,6 +867,17 @@ def _warns(orig: Any) -> Any:
         return orig(*args, **kwargs)
 
     return transform
+
+
+def _rebuild(out: Any, results: list[Any]) -> Any:
+    """The op's output ``out`` with its flattened tensors replaced by ``results``."""
+    if isinstance(out, torch.Tensor):
+        return results[0]
+    if isinstance(out, (tuple, list)):
+        it = iter(results)
+        rebuilt = [type(o)(next(it) for _ in o) if isinstance(o, (tuple, list)) else next(it) for o in out]
+        return type(out)(rebuilt)
+    return out
 
 
 def _writes(fi: FuncInfo, args: tuple, kwargs: dict) -> list[Any]:

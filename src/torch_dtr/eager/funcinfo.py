@@ -40,11 +40,13 @@ class FuncInfo:
     - ``restrides``: changes only the view metadata of its first argument, in place (``t_``).
     - ``stats``: ``(arg_pos, arg_name)`` of running statistics the op reads or writes (batch norm, any mode);
       see NOTE [ In-place mutation ] 6.
+    - ``simple``: every output is fresh, and none of the above applies (no writes, views, randomness, device
+      crossing, learned sizes): the front end's short path (``Front._run_simple``) runs it.
     """
 
     __slots__ = ("func", "op", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
                  "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
-                 "stats", "learns_size", "nested")
+                 "stats", "learns_size", "nested", "simple")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -88,6 +90,9 @@ class FuncInfo:
         self.hidden_writes = tuple(where(a) for a in unmarked) if train else ()
         self.training = where(train[0]) if train else (1 << 30, "")
         self.stats = tuple(where(a) for a in unmarked)  # running statistics read (eval) or written (training)
+        self.simple = (self.fresh and self.replayable and all(r is None for r in rets) and not (
+            self.mutated or self.hidden_writes or self.stats or self.random or self.view_unannotated or self.nested
+            or self.cross_device or self.restrides or self.learns_size))
 
     def arg(self, pos_name: tuple[int, str], args: tuple, kwargs: dict) -> object:
         pos, name = pos_name
@@ -98,7 +103,17 @@ _INFOS: dict[torch._ops.OpOverload, FuncInfo] = {}
 
 
 def info(func: torch._ops.OpOverload) -> FuncInfo:
+    """The operator's facts, kept on the OpOverload itself (an attribute read costs a third of a dict lookup,
+    whose key's ``__hash__`` is Python code); in a dict for one that takes no attributes."""
+    try:
+        return func._dtr_info  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
     fi = _INFOS.get(func)
     if fi is None:
         fi = _INFOS[func] = FuncInfo(func)
+        try:
+            func._dtr_info = fi  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
     return fi
