@@ -28,7 +28,7 @@ import torch_dtr
 from torch_dtr.bench import workloads
 from torch_dtr.eager import front as F
 
-PHASES = ("_plan", "_execute", "_record", "_wrap", "_fresh", "drain", "drain_if_idle")
+PHASES = ("_plan", "_execute", "_record", "_wrap", "_fresh", "drain", "drain_if_idle", "_scan_top", "_wrap_fresh")
 
 
 class _Noop(TorchDispatchMode):
@@ -60,6 +60,63 @@ class _Wrapper(torch.Tensor):
         return _Wrapper(out) if isinstance(out, torch.Tensor) else out
 
 
+class _State:
+    """Per-wrapper state with a finalizer, as torch-dtr's ``Cell`` (whose finalizer queues a handle drop)."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def __del__(self) -> None:
+        pass
+
+
+class _Kept(_Wrapper):
+    """``_Wrapper`` whose payload sits in a ``_State``."""
+
+    @staticmethod
+    def __new__(cls, t: torch.Tensor) -> _Kept:
+        w = torch.Tensor._make_wrapper_subclass(cls, t.size(), strides=t.stride(), storage_offset=t.storage_offset(),
+                                                dtype=t.dtype, device=t.device, requires_grad=False)
+        w._state = _State(t)
+        return w
+
+
+def _plain(a: object) -> object:
+    t = type(a)
+    if t is _Wrapper:
+        return a._t  # type: ignore[attr-defined]
+    if t is _Kept:
+        return a._state.t  # type: ignore[attr-defined]
+    return a
+
+
+class _Skeleton(TorchDispatchMode):
+    """torch-dtr's design with nothing in it: a dispatch mode that unwraps managed inputs, runs the op and wraps
+    its outputs when an input was managed or required grad (no records, no budget, no recipes)."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.cls = cls
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        cls = self.cls
+        wrap = any(type(a) is cls or (isinstance(a, torch.Tensor) and a.requires_grad) for a in args)
+        out = func._op(*[_plain(a) for a in args], **(kwargs or {}))
+        if not wrap:
+            return out
+        if type(out) is torch.Tensor:
+            return cls(out)
+        if isinstance(out, tuple):
+            return tuple(cls(o) if type(o) is torch.Tensor else o for o in out)
+        return out
+
+
 def _chain(w: torch.Tensor) -> Callable[[], None]:
     def small() -> None:
         y = w
@@ -73,7 +130,8 @@ def _chain(w: torch.Tensor) -> Callable[[], None]:
 
 def floor(rounds: int, steps: int) -> dict[str, float]:
     """Microseconds added per op on the small-op chain, interleaved in rounds: a do-nothing mode, a do-nothing
-    wrapper subclass, torch-dtr with no budget."""
+    wrapper subclass, torch-dtr's skeleton (mode + wrapper) without and with a finalized state object per
+    wrapper, torch-dtr with no budget."""
     base = torch.randn(64, 64)
     plain = _chain(base.clone().requires_grad_(True))
     wrapped = _chain(_Wrapper(base.clone()).requires_grad_(True))
@@ -86,6 +144,11 @@ def floor(rounds: int, steps: int) -> dict[str, float]:
             times["a do-nothing dispatch mode"].append(_median(plain, steps))
         wrapped()
         times["a do-nothing wrapper subclass"].append(_median(wrapped, steps))
+        for label, cls in (("torch-dtr's skeleton: a mode that unwraps inputs and wraps outputs", _Wrapper),
+                           ("the skeleton with a state object with a finalizer per wrapper (a `Cell`)", _Kept)):
+            with _Skeleton(cls):
+                plain()
+                times[label].append(_median(plain, steps))
         torch_dtr.enable(budget=None)
         try:
             plain()
@@ -139,7 +202,8 @@ def measure(fn: Callable[[], None], steps: int, budget: int | None) -> dict:
             setattr(front, name, timed(name, getattr(front, name)))
         front.rt.acquire = timed("acquire", front.rt.acquire)
         front.rt.release = timed("release", front.rt.release)
-        front._run = timed("_run (all of it)", front._run)
+        front._run = timed("_run (general path, all of it)", front._run)
+        front._run_simple = timed("_run_simple (short path, all of it)", front._run_simple)
         model_cost = F.model_cost
         F.model_cost = timed("model_cost", model_cost)
         ops0 = front.rt.ops
@@ -166,7 +230,7 @@ def main() -> int:
              f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}. Command: "
              f"`python benchmarks/phases.py --steps {args.steps}`. Microseconds per managed op; *added*: the step "
              "time over plain PyTorch's per managed op (torch-dtr's with the phase clocks on); the phase rows "
-             "are wall time inside each phase (`_run` includes the op itself, `_execute`), handle deaths "
+             "are wall time inside each phase (`_run` and `_run_simple` include the op itself), handle deaths "
              "(`drain`) outside it too.", ""]
     print("measuring the design's floor ...", file=sys.stderr, flush=True)
     f = floor(3, args.steps)
@@ -176,8 +240,11 @@ def main() -> int:
               "interleaved in 3 rounds, microseconds added per op over plain PyTorch:", "",
               "| what runs the ops | us per op | of the mode's |", "| --- | ---: | ---: |"]
     lines += [f"| {k} | {v:.1f} | {v / mode:.1f}x |" for k, v in f.items()]
-    lines += ["", "A target of 2x the mode's cost leaves torch-dtr's own bookkeeping (what it adds beyond an empty "
-              "wrapper) about " f"{max(0.0, 2 * mode - f['a do-nothing wrapper subclass']):.1f} us per op.", ""]
+    skeleton = f["the skeleton with a state object with a finalizer per wrapper (a `Cell`)"]
+    lines += ["", f"A target of 2x the mode's cost ({2 * mode:.1f} us) leaves torch-dtr's own bookkeeping (what it "
+              f"adds beyond the skeleton with its cells) {2 * mode - skeleton:.1f} us per op: no room where that is "
+              "negative. Everything torch-dtr adds beyond the skeleton: "
+              f"{f['torch-dtr, no budget'] - skeleton:.1f} us.", ""]
     for name, fn in _programs().items():
         for label, budget in (("no budget", None), ("budget above peak", 2**40)):
             print(f"measuring {name}, {label} ...", file=sys.stderr, flush=True)

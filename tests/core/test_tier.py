@@ -103,6 +103,26 @@ def test_released_values_free_their_copies() -> None:
     assert not d.rt.live
 
 
+@pytest.mark.parametrize("n", [3, 8])
+def test_a_value_let_go_keeps_its_copy_only_while_the_tier_holds_at_most_the_budget(n: int) -> None:
+    """NOTE [ Swapping ] 10: at 30 B of budget, three values copied out (x1 back, with its spare copy) leave the
+    tier within the budget: x1 keeps its copy when its handle dies; eight leave it above: x1 is dropped."""
+    tier = Counting(budget=None, bandwidth=10.0)
+    d = Driver(30, "lru", tier=tier)
+    xs = chain(d, n, cost=100.0)
+    d.read(xs[1])
+    assert xs[1].resident and xs[1].host is not None
+    used = tier.used
+    assert (used <= 30) == (n == 3)
+    d.rt.drop_ref(xs[1])  # only x2's recipe reads it now
+    assert not xs[1].resident
+    assert (xs[1].host is not None) == (n == 3)
+    assert tier.used == (used if n == 3 else used - 10)
+    full_check(d.rt)
+    assert [d.read(x) for x in xs[2:]] == list(range(2, n + 1))
+    full_check(d.rt)
+
+
 def test_a_dropped_value_whose_input_was_swapped_comes_back_by_copy_then_recipe() -> None:
     tier = Counting(budget=None, bandwidth=10.0)
     d = Driver(None, "dtr_comp", tier=tier)

@@ -926,6 +926,8 @@ class Runtime:
             copy += tier.out_cost(n)
         if s.pinned or not s.recomputable:  # a pinned value is never dropped (NOTE [ Swapping ] 9)
             return True
+        if s.refs == 0 and self.budget is not None and tier.used + (0 if s.host is not None else n) > self.budget:
+            return False  # NOTE [ Swapping ] 10: copies of values without handles stay within the device budget
         return copy < _recompute_cost(s, copy, tier.per_op)
 
     def _swap_in(self, s: Storage) -> None:

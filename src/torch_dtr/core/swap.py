@@ -51,6 +51,11 @@
 #    tier, the single-op floor leaves movable values out as it leaves candidates out. Under FSDP2's default
 #    resharding this turns a floor of 91% of the peak into one of 36% (tests' MLP on two CPU ranks, gloo;
 #    tests/eager/test_distributed.py), bitwise.
+# 10. A value without handles (only recipes read it: plain PyTorch freed it already) is swapped only while the
+#    tier holds no more than the device budget, counting its copy; past that it is dropped, and a spare copy
+#    goes with it. Values the program holds are not limited (the host budget is). Without the rule, values
+#    copied out while held, read back, then let go kept their copies until their readers' recipes died: the
+#    bench's LSTM loop at 30% of its 190 MB peak held 3.7 GB of such copies (CPU, 2026-11-26).
 """
 
 from __future__ import annotations
