@@ -78,7 +78,9 @@ def _nnz(x: torch.Tensor) -> int | None:
 
 
 def _call_key(fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
-    return fi.func, _key(args), tuple((k, _key(v)) for k, v in kwargs.items())
+    # ``fi`` stands for its operator: one per OpOverload for good (``funcinfo.info``), hashed by identity in C
+    # where the OpOverload's own ``__hash__`` is Python code
+    return (fi, _key(args), tuple((k, _key(v)) for k, v in kwargs.items())) if kwargs else (fi, _key(args))
 
 
 def _to_meta(x: Any, low: bool = False) -> Any:
@@ -189,7 +191,7 @@ _RULES: dict[str, Callable[[tuple, dict], int]] = {
 
 
 _NONE: Any = object()
-_RULE_OF: dict[Any, Any] = {}  # OpOverload -> its rule or None
+_RULE_OF: dict[Any, Any] = {}  # FuncInfo (one per OpOverload) -> its rule or None
 
 
 class Sizes:
@@ -204,9 +206,9 @@ class Sizes:
     def predict(self, fi: FuncInfo, args: tuple, kwargs: dict, warn: bool = True) -> int:
         """Bytes of the fresh outputs of ``fi.func(*args, **kwargs)``; ``args`` hold the real (resident) inputs."""
         func = fi.func
-        rule = _RULE_OF.get(func, _NONE)
+        rule = _RULE_OF.get(fi, _NONE)
         if rule is _NONE:
-            rule = _RULE_OF[func] = _RULES.get(func._overloadpacket.__name__) if func.namespace == "aten" else None
+            rule = _RULE_OF[fi] = _RULES.get(func._overloadpacket.__name__) if func.namespace == "aten" else None
         if rule is not None:
             if fi.learns_size:
                 hit = _LEARNED.get(_call_key(fi, args, kwargs))
@@ -248,7 +250,7 @@ class Sizes:
         signature (NOTE 9; an op with a rule that is a bound learns after every call already, rule 6)."""
         if made <= predicted:
             return
-        if _RULE_OF.get(fi.func) is None:
+        if _RULE_OF.get(fi) is None:
             try:
                 key = _call_key(fi, args, kwargs)
             except TypeError:  # an unhashable argument: nothing to key it by
