@@ -67,7 +67,8 @@ def _report(results: dict, rounds: int, args: str) -> str:
              f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {rounds} round(s) of each "
              "contender in its own process, interleaved; step: median over rounds of the median step after one "
              "warm-up. On a CPU the copies are in the same memory: this measures what copying instead of "
-             "recomputing costs in time, not memory saved.", ""]
+             "recomputing costs in time, not memory saved. Host tier peak: the most bytes of copies held at once "
+             "(of the first round).", ""]
     for name, w in results.items():
         runs = w["runs"]
         plain = statistics.median(r["step_s"] for r in runs["plain PyTorch"] if "step_s" in r)
@@ -75,11 +76,11 @@ def _report(results: dict, rounds: int, args: str) -> str:
         lines += [f"## {name}", "", f"{workloads.describe(name, workloads.Size(**w['size']))}; tracked peak "
                   f"{w['peak'] / 2**20:.1f} MiB.", "",
                   "| contender | budget | step | vs plain | bitwise | evictions | recomputations/step | copies back | "
-                  "note |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+                  "host tier peak | note |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
         for label, rs in runs.items():
             ok = [r for r in rs if "step_s" in r]
             if not ok:
-                lines.append(f"| {label} | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
+                lines.append(f"| {label} | - | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
                 continue
             step = statistics.median(r["step_s"] for r in ok)
             r0 = ok[0]
@@ -87,8 +88,9 @@ def _report(results: dict, rounds: int, args: str) -> str:
             budget = f"{r0['budget'] / 2**20:.1f} MiB" if r0.get("budget") else "-"
             same = "yes" if all(r["losses"] == want for r in ok) else "NO"
             remats = f"{r0['remats'] / n:.0f}" if "remats" in r0 else "-"
+            host = f"{r0['host_peak'] / 2**20:.1f} MiB" if r0.get("host_peak") else "-"
             lines.append(f"| {label} | {budget} | {step:.3f} s | {step / plain:.2f}x | {same} | "
-                         f"{r0.get('evictions', '-')} | {remats} | {r0.get('swaps_in', '-')} | |")
+                         f"{r0.get('evictions', '-')} | {remats} | {r0.get('swaps_in', '-')} | {host} | |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
