@@ -10,6 +10,7 @@ from models import BUILDERS
 
 import torch_dtr
 from torch_dtr import SimulatedDevice
+from torch_dtr.eager import front as F
 
 FAST = ("mlp", "cnn", "transformer", "lstm_loop", "tree_rnn", "moe")
 
@@ -185,3 +186,33 @@ def test_a_value_pinned_by_a_changed_constant_is_copied_out_and_an_in_place_writ
         torch_dtr.disable()
     assert torch.equal(got, expected)
     assert st.swaps_out == 2 and st.swaps_in == 2 and st.peak_bytes <= int(2.5 * 4 * mib)
+
+
+def test_a_copy_back_that_finds_the_device_full_evicts_and_retries():
+    """NOTE [ Host copies ] 7: no budget (evictions on out-of-memory only), a simulated device of 5 MiB. ``a`` is
+    copied out, plain allocations then leave less room than ``a`` needs: copying it back runs out of memory,
+    evicts ``b`` and retries, where it raised ``OutOfMemoryError`` before."""
+    mib = 1 << 20
+    with SimulatedDevice(5 * mib, scale=1 / 8, expandable=True) as dev:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g)  # 1 MiB each
+        want = (x @ w).sum()
+        torch_dtr.enable(budget=None, device=dev, swap=True, swap_gbps=1000)
+        try:
+            with torch.no_grad():  # managed for inference (NOTE [ Managed vs constant ] 5)
+                a = x @ w
+                b = x + 1
+                front = F.active()
+                with front.entered():
+                    front.rt.evict(a._cell.current())  # a matmul costs more than a copy at 1 TB/s: copied out
+                st = torch_dtr.stats()
+                assert st.swaps_out == 1 and st.evictions == 1
+                fill = torch.empty(3 * mib // 2, dtype=torch.uint8)  # plain: the device holds 4.5 of 5 MiB now
+                got = a.sum()
+            st = torch_dtr.stats()
+            assert st.swaps_in == 1 and st.oom_retries >= 1 and not b._cell.current().resident
+            assert torch.equal(got, want)
+            assert dev.max_allocated() <= 5 * mib
+            del fill
+        finally:
+            torch_dtr.disable()

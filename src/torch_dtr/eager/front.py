@@ -173,6 +173,8 @@ class Front:
         self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
         # ops and recipes on the device evict and retry on out-of-memory through it
         self.oom = None if device is None else OutOfMemory(self.rt, device)
+        if tier is not None:
+            tier.oom = self.oom  # a copy back that runs out of device memory evicts, retries (NOTE [ Host copies ] 7)
         self.rates = "cuda" if isinstance(device, CudaDevice) else "cpu"  # modelled costs of ops on the device
         self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()

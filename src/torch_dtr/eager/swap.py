@@ -34,6 +34,9 @@ from ..core import Storage, Tier
 # 6. Recomputing an op costs more than its modelled kernel: the runtime's Python path per op (35 us on these
 #    2-core CPUs, about 80 us on an H200's host). The choice between copying and recomputing adds it to every
 #    recipe it counts (``Tier.per_op``); the policy's scores and the clock do not.
+# 7. A copy back allocates on the device, which may be full although the budget holds (fragmentation, a
+#    device whose allocator runs out before the budget, or no budget at all: evictions on out-of-memory
+#    only): it evicts and retries through the front end's ``device.OutOfMemory``, as an op or a recipe does.
 
 BANDWIDTH = {"cuda": 25e9, "cpu": 2.5e9}
 # rule 6: what torch-dtr's Python path adds to each recomputed op (docs/dispatch.md, docs/benchmarks-cuda.md)
@@ -57,6 +60,7 @@ class HostTier(Tier):
         self.cuda = cuda
         self.stream: Any = None  # the side stream of copies out, made at the first one
         self.flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (event, device tensor kept alive, bytes)
+        self.oom: Any = None  # the front end's device.OutOfMemory: a copy back that runs out evicts and retries
 
     def copy_out(self, s: Storage) -> Any:
         p: torch.Tensor = s.payload
@@ -83,15 +87,18 @@ class HostTier(Tier):
 
     def copy_in(self, s: Storage) -> Any:
         host, event, dtype, offset, size, stride, device = s.host
-        with torch.no_grad():
-            if device.type == "cuda":
+
+        def run() -> torch.Tensor:
+            with torch.no_grad():
                 if event is not None:
                     torch.cuda.current_stream(device).wait_event(event)
+                # a fresh allocation a simulated device counts (``to(copy=True)`` below autograd is an alias op)
                 flat = torch.empty(host.numel(), dtype=torch.uint8, device=device)
-                flat.copy_(host, non_blocking=True)
-            else:
-                flat = host.to(device, copy=True)
-            return torch.empty(0, dtype=dtype, device=device).set_(flat.untyped_storage(), offset, size, stride)
+                flat.copy_(host, non_blocking=device.type == "cuda")
+                return torch.empty(0, dtype=dtype, device=device).set_(flat.untyped_storage(), offset, size, stride)
+
+        # rule 7: the device may be full although the budget holds
+        return run() if self.oom is None else self.oom(run, s.nbytes, None)
 
     def settle(self, wait: bool) -> None:
         flight = self.flight
