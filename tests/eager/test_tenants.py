@@ -118,3 +118,46 @@ def test_a_tensor_of_one_tenant_read_by_another_is_a_constant_there():
     w2 = w.detach().clone().requires_grad_()
     ((w2 * 2).tanh() * 3).sum().backward()
     assert torch.equal(w.grad, w2.grad)
+
+
+def _two_forwards(host: int | None, total: int) -> tuple[list[float], int, list[torch_dtr.Stats]]:
+    """Both tenants' forwards, then both backwards, with the host tier: the sum of their copies held after both
+    forwards (the most they hold at once), their losses, their stats."""
+    models, opts, xs = _pair()
+    torch_dtr.enable(budget=total, swap=True, swap_gbps=1000, host_budget=host)
+    try:
+        for name in "ab":
+            with torch_dtr.tenant(name, share=1):
+                pass
+        losses = []
+        for i, name in enumerate("ab"):
+            with torch_dtr.tenant(name):
+                losses.append(models[i](xs[i]).square().mean())
+        held = torch_dtr.stats("a").host_bytes + torch_dtr.stats("b").host_bytes
+        for i, name in enumerate("ab"):
+            with torch_dtr.tenant(name):
+                losses[i].backward()
+        stats = [torch_dtr.stats(n) for n in "ab"]
+    finally:
+        torch_dtr.disable()
+    return [loss.detach().item() for loss in losses], held, stats
+
+
+def test_tenants_share_the_host_budget():
+    """NOTE [ Host copies ] 8: each tenant's forward alone copies out ``one`` bytes; with a host budget of 1.5x
+    that, both tenants together stay within it, bitwise (when each had the whole host budget, they held
+    262,144 B of copies against a host budget of 196,608 B)."""
+    torch_dtr.enable(budget=None)
+    with torch_dtr.tenant("a"):
+        _step(*[x[0] for x in _pair()])
+    peak = torch_dtr.stats("a").peak_bytes
+    torch_dtr.disable()
+    total = int(peak * 2.1)  # three shares: each tenant gets 70% of one model's peak
+    want, alone, _ = _two_forwards(None, total)
+    one = alone // 2
+    assert one > 0
+    host = int(one * 1.5)
+    got, held, stats = _two_forwards(host, total)
+    assert got == want
+    assert 0 < held <= host, (held, host)
+    assert all(st.swaps_out > 0 for st in stats)

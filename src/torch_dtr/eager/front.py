@@ -741,8 +741,12 @@ class Front:
         return v
 
     def spawn(self) -> Front:
-        """A front end with this one's options, for a tenant (NOTE [ Tenants ])."""
-        return Front(*self._args)
+        """A front end with this one's options, for a tenant (NOTE [ Tenants ]); its host tier shares this
+        one's host budget (NOTE [ Host copies ] 8)."""
+        t = Front(*self._args)
+        if t.rt.tier is not None:
+            t.rt.tier.pool = self.rt.tier.pool  # type: ignore[union-attr]
+        return t
 
     def _step_begins(self, *_: Any) -> None:
         self.stepping = True

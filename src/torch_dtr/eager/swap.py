@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from typing import Any
 
@@ -37,6 +38,9 @@ from ..core import Storage, Tier
 # 7. A copy back allocates on the device, which may be full although the budget holds (fragmentation, a
 #    device whose allocator runs out before the budget, or no budget at all: evictions on out-of-memory
 #    only): it evicts and retries through the front end's ``device.OutOfMemory``, as an op or a recipe does.
+# 8. Tenants (NOTE [ Tenants ]) share the session's host budget: each tenant's tier counts its copies into
+#    one ``HostPool``, and a copy is made only where the pool has room (a tier frees its own spare copies
+#    first, never another tenant's). First come, first served: shares divide the device budget only.
 
 BANDWIDTH = {"cuda": 25e9, "cpu": 2.5e9}
 # rule 6: what torch-dtr's Python path adds to each recomputed op (docs/dispatch.md, docs/benchmarks-cuda.md)
@@ -51,16 +55,51 @@ def default_host_budget() -> int:
         return 8 << 30
 
 
+class HostPool:
+    """The host budget the tiers of a session's tenants share (rule 8): bytes held by all of them."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.used = 0
+        self.peak = 0
+        self.lock = threading.Lock()  # tenants run on threads of their own, each under its own front end's lock
+
+    def add(self, nbytes: int) -> None:
+        with self.lock:
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+
+
 class HostTier(Tier):
     """Copies to host memory: pinned and asynchronous from CUDA, plain on the CPU (NOTE [ Host copies ])."""
 
-    def __init__(self, cuda: bool, budget: int | None, bandwidth: float | None = None) -> None:
+    def __init__(self, cuda: bool, budget: int | None, bandwidth: float | None = None,
+                 pool: HostPool | None = None) -> None:
         kind = "cuda" if cuda else "cpu"
         super().__init__(budget, bandwidth or BANDWIDTH[kind], out_free=cuda, per_op=PER_OP[kind])
+        self.pool = pool if pool is not None else HostPool(budget)
         self.cuda = cuda
         self.stream: Any = None  # the side stream of copies out, made at the first one
         self.flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (event, device tensor kept alive, bytes)
         self.oom: Any = None  # the front end's device.OutOfMemory: a copy back that runs out evicts and retries
+
+    # rule 8: the pool's room, not this tier's alone
+    def free_bytes(self) -> float:
+        pool = self.pool
+        return float("inf") if pool.budget is None else pool.budget - pool.used + self.spare_bytes
+
+    def hold(self, s: Storage) -> None:
+        pool = self.pool
+        if pool.budget is not None:
+            while pool.used + s.nbytes > pool.budget and self.spare:
+                self.drop(next(iter(self.spare)))
+        super().hold(s)
+        pool.add(s.nbytes)
+
+    def drop(self, s: Storage) -> None:
+        n = s.nbytes
+        super().drop(s)
+        self.pool.add(-n)
 
     def copy_out(self, s: Storage) -> Any:
         p: torch.Tensor = s.payload

@@ -17,7 +17,8 @@ from .front import Front
 # 2. Budgets: the session's budget (``enable``'s, or a ``budget()`` scope's) is the total; each tenant gets
 #    total x share / sum of shares. A new tenant, ``set_share`` and a ``budget()`` scope rebalance at once,
 #    lowering the budgets that shrink first (each tenant evicts to fit), then raising the others, so the
-#    tenants never hold more than the total. Without a budget, tenants only keep separate accounts.
+#    tenants never hold more than the total. Without a budget, tenants only keep separate accounts. With
+#    ``swap=True`` their host tiers share the session's host budget (NOTE [ Host copies ] 8).
 # 3. A managed tensor of one tenant read by an op of another becomes a constant there (its plain value,
 #    pinned in its own tenant), as a tensor of an earlier session does (``Front.scan``).
 # 4. ``torch_dtr.stats(name)`` gives a tenant's counters, ``stats()`` the session's own.
