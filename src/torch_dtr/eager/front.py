@@ -363,14 +363,7 @@ class Front:
         finally:
             if held:
                 rt.release(held)
-        if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
-            if fi.fresh and override is None:  # NOTE [ Size prediction ] 9
-                bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
-                self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
-            rt.reserve(0, fi.name)
-        if rt.listeners:
-            rt.emit("op", None)
-        return _rebuild(out, results)
+        return self._done(fi, pargs, pkwargs, need, out, flat, fresh, results, fi.fresh and override is None)
 
     def _run_simple(self, fi: FuncInfo, args: tuple, kwargs: dict) -> Any:
         """``_run`` for an op that only makes new tensors (``FuncInfo.simple``: nothing written, no view, no
@@ -430,9 +423,17 @@ class Front:
         finally:
             if held:
                 rt.release(held)
+        return self._done(fi, pargs, pkwargs, need, out, flat, fresh, results, True)
+
+    def _done(self, fi: FuncInfo, pargs: Any, pkwargs: dict, need: int, out: Any, flat: list[Any], fresh: list[int],
+              results: list[Any], sized: bool) -> Any:
+        """After an op: evict at once if its outputs outgrew the prediction (``sized``: learn their real size,
+        NOTE [ Size prediction ] 9), tell the listeners, and hand back its outputs as the program sees them."""
+        rt = self.rt
         if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
-            bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
-            self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
+            if sized:
+                bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
+                self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
             rt.reserve(0, fi.name)
         if rt.listeners:
             rt.emit("op", None)
