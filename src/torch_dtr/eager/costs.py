@@ -57,6 +57,15 @@ _CACHE: dict[Any, int] = {}  # (op, input shapes) -> FLOPs, for the other ops wi
 _CACHE_MAX = 20_000
 
 
+def _remember(func: Any, f: Any) -> None:
+    """``func``'s formula, on the OpOverload (read without its Python ``__hash__``) and in ``_FORMULA``."""
+    _FORMULA[func] = f
+    try:
+        func._dtr_flops = f
+    except (AttributeError, TypeError):
+        pass
+
+
 def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of ``func(*args, **kwargs) -> out`` by PyTorch's formulas; 0 for ops without one."""
     f = getattr(func, "_dtr_flops", _NONE)  # kept on the OpOverload: its __hash__ is Python code
@@ -69,11 +78,7 @@ def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
             f = (fast, None)
         else:
             f = (None, flop_registry[packet]) if packet in flop_registry else None
-        _FORMULA[func] = f
-        try:
-            func._dtr_flops = f
-        except (AttributeError, TypeError):
-            pass
+        _remember(func, f)
     if f is None:
         return 0
     fast, slow = f
@@ -89,11 +94,7 @@ def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     try:  # the registered formulas take the tensors themselves (they read the shapes)
         n = int(slow(*args, out_val=out, **kwargs))
     except Exception:  # a formula that does not take this overload's arguments: count bytes only
-        _FORMULA[func] = None
-        try:
-            func._dtr_flops = None
-        except (AttributeError, TypeError):
-            pass
+        _remember(func, None)
         return 0
     if key is not None:
         if len(_CACHE) >= _CACHE_MAX:

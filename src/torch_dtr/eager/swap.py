@@ -61,13 +61,11 @@ class HostPool:
     def __init__(self, budget: int | None) -> None:
         self.budget = budget
         self.used = 0
-        self.peak = 0
         self.lock = threading.Lock()  # tenants run on threads of their own, each under its own front end's lock
 
     def add(self, nbytes: int) -> None:
         with self.lock:
             self.used += nbytes
-            self.peak = max(self.peak, self.used)
 
 
 class HostTier(Tier):
