@@ -1,10 +1,14 @@
 // A compiled DTR mechanism, end to end, as an experiment: tag outputs, keep records, count bytes against a
-// budget, evict by the DTR score, rematerialize on access, free on handle death, all in a C++ boxed
-// fallback below autograd (see floor.cpp for the tagging). Measured and checked by remat.py next to it.
-// Not shipped. Simplifications, each written down in docs/decisions.md: the policy is the plain DTR score
-// (cost / (bytes x staleness), no evicted neighbourhood), a linear scan picks the victim, the budget is
-// checked after an op (its outputs may pass it by their own size), random ops and written storages are
-// pinned instead of replayed.
+// budget, evict by the DTR score, rematerialize on access, version in-place writes, free on handle death,
+// all in a boxed C++ kernel below autograd (see floor.cpp for the tagging). Checked and timed by remat.py
+// next to it; docs/native.md says what it found. Not shipped. Simplifications (native.md): the budget is
+// checked after an op, costs are measured (not modelled), a linear scan picks the victim, random ops are
+// pinned instead of replayed, temporaries made while a recipe runs are not counted.
+//
+// Records: a Buffer per storage the program holds (its handles: the tagged TensorImpls), a Cell per value
+// (a version of a buffer's contents, with the recipe that makes it). A buffer holds one value at a time;
+// writing in place makes a new value whose recipe replays the write on a copy of the old one, and the old
+// value lives on as a recipe only, recomputed into a temporary when a recipe reads it.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -18,11 +22,14 @@ using c10::DispatchKeySet;
 using c10::IValue;
 
 struct Cell;
-std::vector<Cell*> g_resident;
+std::vector<Cell*> g_resident;  // evictable and resident
+int64_t g_clock = 0, g_bytes = 0, g_peak = 0, g_budget = -1;
+int64_t g_ops = 0, g_evictions = 0, g_remats = 0, g_deaths = 0, g_versions = 0;
+thread_local int g_depth = 0;
 
-// NOTE-like rule of the DTR authors' prototype: evicted cells joined by recipe edges form a component whose
-// summed cost is what evicting a neighbour would add to its own recomputation (h_DTR's e*, approximated by
-// union-find: a rematerialized cell leaves its component's cost but the component is not split).
+// Evicted cells joined by recipe edges form a component whose summed cost is what evicting a neighbour adds
+// to its own recomputation (h_DTR's e*, approximated by union-find as the DTR authors' prototype did: a
+// recomputed cell leaves its component's cost, the component is not split).
 struct Group : c10::intrusive_ptr_target {
   c10::intrusive_ptr<Group> parent;
   double cost = 0;
@@ -33,20 +40,22 @@ Group* find(c10::intrusive_ptr<Group>& g) {
     g = g->parent;
   }
   return g.get();
-}  // evictable and resident
-int64_t g_clock = 0, g_bytes = 0, g_peak = 0, g_budget = -1;
-int64_t g_ops = 0, g_evictions = 0, g_remats = 0, g_deaths = 0;
-thread_local int g_depth = 0;
+}
 
-struct Input {  // a recipe's tensor argument: the cell it reads, and an uncounted view of its storage
-  c10::intrusive_ptr<Cell> cell;  // null: not managed (a parameter, a constant): held as is
-  at::Tensor ref;
-  int64_t version;
+struct Input {  // a recipe's tensor argument: a managed value and the view of it that was read, or a plain tensor
+  c10::intrusive_ptr<Cell> cell;
+  at::Tensor plain;
+  at::TensorOptions opts;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
 };
 
+struct Buffer;
+
 struct Cell : c10::intrusive_ptr_target {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  int64_t nbytes = 0, last = 0, handles = 0, version = 0;
+  Buffer* buffer = nullptr;  // the buffer holding this value, while it is that buffer's current value
+  c10::Storage kept;         // else, where it is kept while resident: recomputed for a recipe, or pinned
+  int64_t nbytes = 0, last = 0;
   double cost = 0;
   bool resident = true, pinned = false;
   int locks = 0;
@@ -54,40 +63,40 @@ struct Cell : c10::intrusive_ptr_target {
   // recipe
   std::optional<c10::OperatorHandle> op;
   DispatchKeySet keys;
-  std::vector<IValue> args;  // tensors and tensor lists filled from `inputs` when run
-  std::vector<std::vector<size_t>> slots;  // per argument, the `inputs` it takes (a list: several)
+  std::vector<IValue> args;                // tensors and tensor lists filled from `inputs` when run
+  std::vector<std::vector<size_t>> slots;  // per argument, the `inputs` it takes
   std::vector<Input> inputs;
   size_t out = 0;
-  std::vector<Cell*> children;  // cells whose recipes read this one (raw: a child holds its parents)
-  c10::intrusive_ptr<Group> group;  // while evicted
+  c10::intrusive_ptr<Cell> prev;  // a write: the value written over (the recipe runs on a copy of it)
+  size_t written = 0;             // a write: the input (index into `inputs`) that is written
+  std::vector<Cell*> children;    // cells whose recipes read this one (raw: a child holds its parents)
+  c10::intrusive_ptr<Group> group;
 
-  Cell(c10::StorageImpl* s, int64_t n)
-      : storage(c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(s))),
-        nbytes(n) {}
-  ~Cell() override {
-    unlist();
-    if (resident) g_bytes -= nbytes;
-    for (auto& in : inputs)
-      if (in.cell) {
-        auto& ch = in.cell->children;
-        ch.erase(std::remove(ch.begin(), ch.end(), this), ch.end());
-      }
-  }
+  ~Cell() override;
   bool evictable() const { return op && !pinned; }
   void list() {
-    if (pos < 0 && !pinned && op) {
+    if (pos < 0 && evictable() && (buffer || kept)) {
       pos = static_cast<ptrdiff_t>(g_resident.size());
       g_resident.push_back(this);
     }
   }
   void unlist() {
     if (pos < 0) return;
-    Cell* last_cell = g_resident.back();
-    g_resident[pos] = last_cell;
-    last_cell->pos = pos;
+    Cell* back = g_resident.back();
+    g_resident[pos] = back;
+    back->pos = pos;
     g_resident.pop_back();
     pos = -1;
   }
+};
+
+struct Buffer : c10::intrusive_ptr_target {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  c10::intrusive_ptr<Cell> value;
+  int64_t handles = 0;
+  explicit Buffer(c10::StorageImpl* s)
+      : storage(c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(s))) {}
+  ~Buffer() override;
 };
 
 void join(Cell* c, Cell* n) {
@@ -100,21 +109,52 @@ void join(Cell* c, Cell* n) {
   c->group = c10::intrusive_ptr<Group>::reclaim_copy(b);
 }
 
-void evict(Cell* c) {
-  auto s = c->storage.lock();
-  if (s) s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
+// c's value leaves memory (its buffer's data is dropped when drop_data) and c joins the evicted around it.
+void leave(Cell* c, bool drop_data) {
+  if (!c->resident) return;
+  if (drop_data && c->buffer) {
+    auto s = c->buffer->storage.lock();
+    if (s) s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
+  }
+  c->kept = c10::Storage();
   c->resident = false;
   c->unlist();
   g_bytes -= c->nbytes;
   c->group = c10::make_intrusive<Group>();
   c->group->cost = c->cost;
+  if (c->prev) join(c, c->prev.get());
   for (auto& in : c->inputs)
     if (in.cell) join(c, in.cell.get());
   for (Cell* ch : c->children) join(c, ch);
 }
 
-// The cost of evicting c: its own, plus the components of evicted cells around it.
-double neighbourhood(Cell* c) {
+Cell::~Cell() {
+  unlist();
+  if (resident) g_bytes -= nbytes;
+  for (auto& in : inputs)
+    if (in.cell) {
+      auto& ch = in.cell->children;
+      ch.erase(std::remove(ch.begin(), ch.end(), this), ch.end());
+    }
+}
+
+Buffer::~Buffer() {
+  if (!value) return;
+  Cell* v = value.get();
+  v->buffer = nullptr;
+  v->unlist();
+  if (v->resident) {
+    if (!v->evictable() && !v->children.empty()) {
+      auto s = storage.lock();
+      if (s) v->kept = c10::Storage(std::move(s));  // pinned and still read: keep its data
+      else leave(v, false);
+    } else {
+      leave(v, false);  // the storage goes with its last handle
+    }
+  }
+}
+
+double neighbourhood(Cell* c) {  // the cost of evicting c: its own plus the evicted components around it
   double cost = c->cost;
   Group* seen[16];
   int n = 0;
@@ -126,34 +166,64 @@ double neighbourhood(Cell* c) {
     if (n < 16) seen[n++] = g;
     cost += g->cost;
   };
+  if (c->prev) add(c->prev.get());
   for (auto& in : c->inputs)
     if (in.cell) add(in.cell.get());
   for (Cell* ch : c->children) add(ch);
   return cost;
 }
 
-// A value only recipes read, brought back for one, stays resident like any other (evictable, counted)
-// until the policy evicts it or the last recipe reading it dies: letting it go after each use made the MLP
-// recompute the same parents for each child (1,225 recomputations at 50% against 120 without).
-void unlock(Cell* c) { --c->locks; }
+void check_budget() {
+  g_peak = std::max(g_peak, g_bytes);
+  while (g_budget >= 0 && g_bytes > g_budget) {
+    Cell* victim = nullptr;
+    double best = 0;
+    for (Cell* c : g_resident) {
+      if (c->locks) continue;
+      double score = neighbourhood(c) / (double(c->nbytes) * double(g_clock - c->last + 1));
+      if (!victim || score < best) victim = c, best = score;
+    }
+    TORCH_CHECK(victim, "dtr_remat: ", g_bytes, " B resident, budget ", g_budget,
+                " B, and nothing evictable: raise the budget");
+    leave(victim, true);
+    ++g_evictions;
+  }
+}
+
+struct Below {  // ops run inside are not the program's (exception-safe)
+  Below() { ++g_depth; }
+  ~Below() { --g_depth; }
+};
+
+struct Locks {  // cells locked for the scope (exception-safe); the cells outlive it
+  std::vector<Cell*> cells;
+  void add(Cell* c) {
+    ++c->locks;
+    cells.push_back(c);
+  }
+  ~Locks() {
+    for (Cell* c : cells) --c->locks;
+  }
+};
 
 DispatchKeySet tagged(DispatchKeySet ks) { return ks | DispatchKeySet(BackendComponent::PrivateUse1Bit); }
 
-struct Impl : c10::TensorImpl {  // a handle: counts towards its cell's handles
-  c10::intrusive_ptr<Cell> cell;
-  Impl(c10::Storage s, DispatchKeySet ks, caffe2::TypeMeta dt, c10::intrusive_ptr<Cell> c)
-      : c10::TensorImpl(std::move(s), ks, dt), cell(std::move(c)) {
-    ++cell->handles;
+struct Impl : c10::TensorImpl {  // a handle
+  c10::intrusive_ptr<Buffer> buffer;
+  Impl(c10::Storage s, DispatchKeySet ks, caffe2::TypeMeta dt, c10::intrusive_ptr<Buffer> b)
+      : c10::TensorImpl(std::move(s), ks, dt), buffer(std::move(b)) {
+    ++buffer->handles;
   }
   ~Impl() override {
-    if (--cell->handles == 0) {  // nothing but recipes can read it now: free it as plain PyTorch would
-      ++g_deaths;  // (a pinned one stays until the last recipe that reads it dies)
-      if (cell->resident && cell->evictable() && !cell->locks) evict(cell.get());
+    if (--buffer->handles == 0) {  // nothing but recipes can read it now: free it, as plain PyTorch would
+      ++g_deaths;
+      Cell* v = buffer->value.get();
+      if (v && v->resident && v->evictable() && !v->locks) leave(v, true);
     }
   }
   template <typename VC>
   c10::intrusive_ptr<c10::TensorImpl> copy_(VC&& vc, bool allow) const {
-    auto impl = c10::make_intrusive<Impl>(c10::Storage(storage()), key_set(), dtype(), cell);
+    auto impl = c10::make_intrusive<Impl>(c10::Storage(storage()), key_set(), dtype(), buffer);
     copy_tensor_metadata(this, impl.get(), std::forward<VC>(vc), allow);
     impl->refresh_numel();
     impl->refresh_contiguous();
@@ -167,22 +237,15 @@ struct Impl : c10::TensorImpl {  // a handle: counts towards its cell's handles
   }
 };
 
-at::Tensor handle(const at::Tensor& t, c10::intrusive_ptr<Cell> cell) {
-  auto impl = c10::make_intrusive<Impl>(c10::Storage(t.storage()), tagged(t.key_set()), t.dtype(), std::move(cell));
+at::Tensor handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
+  auto impl = c10::make_intrusive<Impl>(c10::Storage(t.storage()), tagged(t.key_set()), t.dtype(), std::move(b));
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return at::Tensor(std::move(impl));
 }
 
-at::Tensor uncounted(const at::Tensor& t) {  // same storage and view, no handle, no autograd
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  return at::Tensor(std::move(impl));
-}
-
-Cell* cell_of(const at::Tensor& t) {
+Impl* impl_of(const at::Tensor& t) {
   if (!t.defined()) return nullptr;
-  auto* impl = dynamic_cast<Impl*>(t.unsafeGetTensorImpl());
-  return impl ? impl->cell.get() : nullptr;
+  return dynamic_cast<Impl*>(t.unsafeGetTensorImpl());
 }
 
 struct Facts {  // per operator, computed once
@@ -210,67 +273,78 @@ const Facts& facts(const c10::OperatorHandle& op) {
   return cache.emplace(&schema, std::move(f)).first->second;
 }
 
-void rematerialize(Cell* c);
+c10::Storage materialize(Cell* c);
 
-void make_resident(Cell* c) {
-  c->last = g_clock;
-  if (!c->resident) rematerialize(c);
+at::Tensor view_of(const c10::Storage& s, const Input& in, const at::TensorOptions& opts) {
+  auto t = at::empty({0}, opts);
+  t.set_(s, in.offset, in.sizes, in.strides);
+  return t;
 }
 
-void check_budget() {
-  g_peak = std::max(g_peak, g_bytes);
-  while (g_budget >= 0 && g_bytes > g_budget) {
-    Cell* victim = nullptr;
-    double best = 0;
-    for (Cell* c : g_resident) {
-      if (c->locks) continue;
-      double score = neighbourhood(c) / (double(c->nbytes) * double(g_clock - c->last + 1));
-      if (!victim || score < best) victim = c, best = score;
-    }
-    TORCH_CHECK(victim, "dtr_remat: ", g_bytes, " B resident, budget ", g_budget,
-                " B, and nothing evictable: raise the budget");
-    evict(victim);
-    ++g_evictions;
-  }
-}
-
-void rematerialize(Cell* c) {
-  auto s = c->storage.lock();
+// Runs c's recipe; the value lands in `into` when given (c's own buffer), else in a fresh storage.
+c10::Storage run_recipe(Cell* c, const c10::intrusive_ptr<c10::StorageImpl>& into) {
   TORCH_CHECK(c->op, "dtr_remat: an evicted value without a recipe");
+  std::vector<c10::Storage> held;  // inputs' storages, kept while the op runs
+  Locks locked;
   for (auto& in : c->inputs)
-    if (in.cell) {
-      TORCH_CHECK(in.cell->version == in.version, "dtr_remat: a recipe's input was written since");
-      ++in.cell->locks;
-      make_resident(in.cell.get());
+    if (in.cell) locked.add(in.cell.get());
+  c10::Storage target;
+  if (c->prev) {  // a write: replay it on a copy of the value written over
+    locked.add(c->prev.get());
+    c10::Storage old = materialize(c->prev.get());
+    const auto n = static_cast<int64_t>(old.nbytes());
+    at::Tensor copy;
+    {
+      Below below;
+      copy = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(old.device()));
+      copy.copy_(at::empty({0}, copy.options()).set_(old, 0, {n}, {1}));
     }
+    target = copy.storage();
+    if (into) {
+      into->set_data_ptr_noswap(target.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, into->device())));
+      target = c10::Storage(into);
+    }
+  }
   torch::jit::Stack stack;
   stack.reserve(c->args.size());
+  auto input = [&](size_t k) -> at::Tensor {
+    const Input& in = c->inputs[k];
+    if (!in.cell) return in.plain;
+    if (c->prev && k == c->written) return view_of(target, in, in.opts);
+    held.push_back(materialize(in.cell.get()));
+    return view_of(held.back(), in, in.opts);
+  };
+  {
+  Below below;
   for (size_t i = 0; i < c->args.size(); ++i) {
     const auto& sl = c->slots[i];
     if (sl.empty()) {
       stack.push_back(c->args[i]);
     } else if (c->args[i].isTensorList()) {
       c10::List<at::Tensor> l;
-      for (auto k : sl) l.push_back(c->inputs[k].ref);
+      for (auto k : sl) l.push_back(input(k));
       stack.emplace_back(l);
     } else {
-      stack.emplace_back(c->inputs[sl[0]].ref);
+      stack.emplace_back(input(sl[0]));
     }
   }
-  auto t0 = std::chrono::steady_clock::now();
-  ++g_depth;
   c->op->redispatchBoxed(c->keys, &stack);
-  --g_depth;
-  (void)t0;
-  ++g_remats;
-  for (auto& in : c->inputs)
-    if (in.cell) unlock(in.cell.get());
-  const at::Tensor& fresh = stack[c->out].toTensor();
-  auto* src = fresh.storage().unsafeGetStorageImpl();
-  if (s) {
-    TORCH_CHECK(src->nbytes() == s->nbytes(), "dtr_remat: recomputed ", src->nbytes(), " B, held ", s->nbytes());
-    s->set_data_ptr_noswap(src->set_data_ptr(c10::DataPtr(nullptr, src->device())));
   }
+  ++g_remats;
+  if (c->prev) return target;
+  c10::Storage fresh = stack[c->out].toTensor().storage();
+  if (!into) return fresh;
+  TORCH_CHECK(fresh.nbytes() == into->nbytes(), "dtr_remat: recomputed ", fresh.nbytes(), " B, held ", into->nbytes());
+  into->set_data_ptr_noswap(fresh.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, into->device())));
+  return c10::Storage(into);
+}
+
+void make_resident(Cell* c) {
+  c->last = g_clock;
+  if (c->resident) return;
+  auto s = c->buffer ? c->buffer->storage.lock() : c10::intrusive_ptr<c10::StorageImpl>();
+  TORCH_INTERNAL_ASSERT(s, "make_resident: a value without a buffer");
+  run_recipe(c, s);
   c->resident = true;
   if (c->group) {
     find(c->group)->cost -= c->cost;
@@ -278,12 +352,40 @@ void rematerialize(Cell* c) {
   }
   g_bytes += c->nbytes;
   c->list();
-  ++c->locks;
-  check_budget();
-  --c->locks;  // the caller holds its own lock on c
+  {
+    Locks held;
+    held.add(c);
+    check_budget();
+  }
 }
 
-c10::intrusive_ptr<Cell> take(Cell* c) { return c10::intrusive_ptr<Cell>::reclaim_copy(c); }
+// The storage holding c's value: its buffer's (brought back if evicted) or, for a value no buffer holds any
+// more (written over, or its handles died), a storage of its own, kept while resident like any other value
+// (evictable, counted): recomputing it for each reader instead made the MLP at 50% recompute 2,237 times
+// against 110-210 (runs differ: costs are measured).
+c10::Storage materialize(Cell* c) {
+  c->last = g_clock;
+  if (c->kept) return c->kept;
+  if (c->buffer) {
+    make_resident(c);
+    return c10::Storage(c->buffer->storage.lock());
+  }
+  c10::Storage s = run_recipe(c, {});
+  c->kept = s;
+  c->resident = true;
+  if (c->group) {
+    find(c->group)->cost -= c->cost;
+    c->group.reset();
+  }
+  g_bytes += c->nbytes;
+  c->list();
+  {
+    Locks held;
+    held.add(c);
+    check_budget();
+  }
+  return s;
+}
 
 void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
   auto below = (ks & DispatchKeySet(DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake))
@@ -296,117 +398,133 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
   const size_t nin = f.written.size();
   const size_t start = stack->size() - nin;
   ++g_clock;
-  // scan: make inputs resident and lock them; remember the recipe's arguments
-  std::vector<Cell*> locked;
   std::vector<IValue> args;
   std::vector<std::vector<size_t>> slots(nin);
   std::vector<Input> inputs;
+  Locks locked;  // after `inputs`, which holds the locked cells: released first
+  std::vector<std::pair<Buffer*, size_t>> writes;  // buffer written, its input index
+  bool opaque = false;  // inputs the recipe cannot name (an optional tensor list): not replayable
   args.reserve(nin);
   auto note = [&](const at::Tensor& t, size_t i) {
-    Cell* c = cell_of(t);
-    if (c) {
-      ++c->locks;
-      locked.push_back(c);
-      make_resident(c);
-      if (f.written[i]) {  // a written storage is pinned (its recipe no longer makes it), and so is every
-        c->pinned = true;   // cell whose recipe read it (their recipes would read the new value)
-        c->unlist();
-        ++c->version;
-        for (Cell* ch : std::vector<Cell*>(c->children)) {
-          ++ch->locks;
-          make_resident(ch);
-          ch->pinned = true;
-          ch->unlist();
-          --ch->locks;
-        }
-      }
-    }
+    Impl* impl = impl_of(t);
+    Cell* c = impl ? impl->buffer->value.get() : nullptr;
     slots[i].push_back(inputs.size());
-    inputs.push_back(Input{c ? take(c) : c10::intrusive_ptr<Cell>(), c ? uncounted(t) : t, c ? c->version : 0});
+    if (!c) {
+      inputs.push_back(Input{{}, t, {}, {}, {}, 0});
+      return;
+    }
+    locked.add(c);
+    make_resident(c);
+    if (f.written[i]) writes.emplace_back(impl->buffer.get(), inputs.size());
+    inputs.push_back(Input{c10::intrusive_ptr<Cell>::reclaim_copy(c), {}, t.options(), t.sizes().vec(),
+                           t.strides().vec(), t.storage_offset()});
   };
   for (size_t i = 0; i < nin; ++i) {
     const IValue& v = (*stack)[start + i];
     if (v.isTensor()) {
-      if (v.toTensor().defined()) note(v.toTensor(), i);
-      args.emplace_back();
-    } else if (v.isTensorList()) {
+      if (v.toTensor().defined()) {
+        note(v.toTensor(), i);
+        args.emplace_back();
+      } else {
+        args.push_back(v);
+      }
+    } else if (v.isTensorList()) {  // held through `inputs` only: a recipe must not keep a handle alive
       for (const at::Tensor& t : v.toTensorList()) note(t, i);
-      args.push_back(v);  // replaced when run
-    } else if (v.isOptionalTensorList()) {
-      args.push_back(v);  // rare (index): kept as is, and its outputs pinned below
+      args.emplace_back(c10::List<at::Tensor>());
     } else {
+      if (v.isOptionalTensorList()) opaque = true;
       args.push_back(v);
     }
   }
-  // a recipe that would write or draw random numbers cannot be replayed: its outputs are pinned
-  bool replayable = !f.random && !f.writes;
-  for (size_t i = 0; i < nin; ++i)
-    if ((*stack)[start + i].isOptionalTensorList()) replayable = false;
+  const bool replayable = !f.random && !opaque;
   auto t0 = std::chrono::steady_clock::now();
-  ++g_depth;
-  try {
+  {
+    Below b;
     op.redispatchBoxed(below, stack);
-  } catch (...) {
-    --g_depth;
-    for (Cell* c : locked) unlock(c);
-    throw;
   }
-  --g_depth;
   ++g_ops;
   const double cost = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto recipe = [&](Cell* cell, size_t k) {
+    cell->op = op;
+    cell->keys = below;
+    cell->args = args;
+    cell->slots = slots;
+    cell->inputs = inputs;
+    cell->out = k;
+    for (auto& in : inputs)
+      if (in.cell) in.cell->children.push_back(cell);
+  };
+  // writes: the buffer's new value replays the write on a copy of the old one
+  for (auto& [b, k] : writes) {
+    Cell* old = b->value.get();
+    if (!old || b->value->buffer != b) continue;
+    if (!old->evictable() && old->children.empty()) continue;  // nothing can need the old value: written as is
+    if (!old->evictable() || !replayable) {  // the old value cannot be recomputed: its readers keep what they read
+      for (Cell* ch : std::vector<Cell*>(old->children)) {  // (pinned; torch-dtr copies it instead)
+        Locks held;
+        held.add(ch);
+        if (ch->buffer) make_resident(ch);
+        ch->pinned = true;
+        ch->unlist();
+      }
+      old->pinned = true;
+      old->unlist();
+      continue;
+    }
+    auto v = c10::make_intrusive<Cell>();
+    v->buffer = b;
+    v->nbytes = old->nbytes;
+    v->cost = cost;
+    v->last = g_clock;
+    recipe(v.get(), 0);
+    v->prev = c10::intrusive_ptr<Cell>::reclaim_copy(old);
+    v->written = k;
+    old->buffer = nullptr;
+    leave(old, false);  // its bytes move to the new value
+    g_bytes += v->nbytes;
+    b->value = v;
+    v->list();
+    locked.add(v.get());
+    ++g_versions;
+  }
   const size_t nout = f.returns.size();
   const size_t base = stack->size() - nout;
-  std::shared_ptr<std::vector<Cell*>> siblings;
-  auto wrap = [&](const at::Tensor& t, size_t k, const c10::AliasInfo* alias) -> at::Tensor {
+  auto wrap = [&](const at::Tensor& t, size_t k, const c10::AliasInfo* alias, bool replay) -> at::Tensor {
     if (alias && alias->isWrite()) return t;  // the input itself, written
-    // A view of an input: the cell of the storage it shares. Some ops alias an input although their schema
+    // A view of an input: a handle of the buffer it shares. Some ops alias an input although their schema
     // says fresh (_unsafe_view): the storage, not the schema, decides.
     for (auto& in : inputs)
-      if (in.cell && in.ref.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl())
-        return handle(t, in.cell);
+      if (in.cell && in.cell->buffer) {
+        auto s = in.cell->buffer->storage.lock();
+        if (s.get() == t.storage().unsafeGetStorageImpl())
+          return handle(t, c10::intrusive_ptr<Buffer>::reclaim_copy(in.cell->buffer));
+      }
     if (alias) return t;
-    auto cell = c10::make_intrusive<Cell>(t.storage().unsafeGetStorageImpl(), static_cast<int64_t>(t.storage().nbytes()));
+    auto b = c10::make_intrusive<Buffer>(t.storage().unsafeGetStorageImpl());
+    auto cell = c10::make_intrusive<Cell>();
+    cell->buffer = b.get();
+    cell->nbytes = static_cast<int64_t>(t.storage().nbytes());
     cell->cost = cost;
     cell->last = g_clock;
-    if (replayable) {
-      cell->op = op;
-      cell->keys = below;
-      cell->args = args;
-      cell->slots = slots;
-      cell->inputs = inputs;
-      cell->out = k;
-      cell->list();
-      for (auto& in : inputs)
-        if (in.cell) in.cell->children.push_back(cell.get());
-    } else {
-      cell->pinned = true;
-    }
+    if (replay) recipe(cell.get(), k);
+    else cell->pinned = true;
+    b->value = cell;
+    cell->list();
     g_bytes += cell->nbytes;
-    ++cell->locks;
-    locked.push_back(cell.get());
-    return handle(t, std::move(cell));
+    locked.add(cell.get());
+    return handle(t, std::move(b));
   };
   for (size_t k = 0; k < nout; ++k) {
     IValue& v = (*stack)[base + k];
     if (v.isTensor()) {
-      if (v.toTensor().defined()) v = wrap(v.toTensor(), k, f.returns[k]);
-    } else if (v.isTensorList()) {
+      if (v.toTensor().defined()) v = wrap(v.toTensor(), k, f.returns[k], replayable && !f.writes);
+    } else if (v.isTensorList()) {  // fresh tensors in a list: pinned (a recipe names one output, not an element)
       c10::List<at::Tensor> l;
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (f.returns[k]) {
-          l.push_back(wrap(t, k, f.returns[k]));
-        } else {  // fresh tensors in a list: pinned (a recipe names one output, not a list element)
-          bool was = replayable;
-          replayable = false;
-          l.push_back(wrap(t, k, nullptr));
-          replayable = was;
-        }
-      }
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(wrap(t, k, f.returns[k], false));
       v = l;
     }
   }
   check_budget();
-  for (Cell* c : locked) unlock(c);
 }
 
 std::unique_ptr<torch::Library> g_lib;
@@ -435,25 +553,30 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
-// A managed leaf: pinned (no recipe), counted.
-at::Tensor manage(const at::Tensor& t) {
-  auto cell = c10::make_intrusive<Cell>(t.storage().unsafeGetStorageImpl(), static_cast<int64_t>(t.storage().nbytes()));
+at::Tensor manage(const at::Tensor& t) {  // a managed leaf: pinned (no recipe), counted
+  auto b = c10::make_intrusive<Buffer>(t.storage().unsafeGetStorageImpl());
+  auto cell = c10::make_intrusive<Cell>();
+  cell->buffer = b.get();
+  cell->nbytes = static_cast<int64_t>(t.storage().nbytes());
   cell->pinned = true;
+  b->value = cell;
   g_bytes += cell->nbytes;
-  return handle(t, std::move(cell));
+  return handle(t, std::move(b));
 }
 
-// A plain copy, outside the runtime's books (a result handed out of a measured step).
-at::Tensor unmanaged(const at::Tensor& t) {
-  Cell* c = cell_of(t);
+at::Tensor unmanaged(const at::Tensor& t) {  // a plain copy, outside the books (a result handed out of a step)
+  Impl* impl = impl_of(t);
+  Cell* c = impl ? impl->buffer->value.get() : nullptr;
+  Locks held;
   if (c) {
-    ++c->locks;
+    held.add(c);
     make_resident(c);
   }
-  ++g_depth;
-  auto r = at::empty_like(t, t.options()).copy_(t);
-  --g_depth;
-  if (c) unlock(c);
+  at::Tensor r;
+  {
+    Below b;
+    r = at::empty_like(t).copy_(t);
+  }
   TORCH_INTERNAL_ASSERT(!r.key_set().has_backend(BackendComponent::PrivateUse1Bit));
   return r;
 }
@@ -462,7 +585,8 @@ void set_budget(int64_t b) { g_budget = b; }
 void reset_peak() { g_peak = g_bytes; }
 std::unordered_map<std::string, int64_t> counters() {
   return {{"ops", g_ops}, {"evictions", g_evictions}, {"remats", g_remats}, {"deaths", g_deaths},
-          {"bytes", g_bytes}, {"peak", g_peak}, {"resident_cells", static_cast<int64_t>(g_resident.size())}};
+          {"versions", g_versions}, {"bytes", g_bytes}, {"peak", g_peak},
+          {"resident_cells", static_cast<int64_t>(g_resident.size())}};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

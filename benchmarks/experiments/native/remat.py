@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
+import os
 import platform
 import statistics
 import sys
@@ -31,7 +33,8 @@ Step = Callable[[Callable[[torch.Tensor], torch.Tensor]], None]
 
 def _ext():
     t0 = time.perf_counter()
-    ext = load("dtr_remat", [str(Path(__file__).with_name("remat.cpp"))], extra_cflags=["-O2"])
+    src = os.environ.get("REMAT_CPP", str(Path(__file__).with_name("remat.cpp")))  # a variant to try
+    ext = load("dtr_remat", [src], extra_cflags=["-O2"])
     n = ext.claim()
     print(f"built in {time.perf_counter() - t0:.0f} s; {n} ops given the fallback as kernel", file=sys.stderr)
     return ext
@@ -57,11 +60,11 @@ def programs() -> dict[str, tuple[nn.Module | None, Callable[[], torch.Tensor], 
     mlp = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(256, 256), nn.LayerNorm(256), nn.ReLU())])
     xm = torch.randn(64, 256)
 
-    cell = nn.LSTMCell(64, 128)
-    seq = torch.randn(60, 16, 64)
+    cell = nn.LSTMCell(32, 256)
+    seq = torch.randn(60, 16, 32)
 
     def lstm_loss(m, x):
-        h = c = torch.zeros(16, 128)
+        h = c = torch.zeros(16, 256)
         for t in range(x.shape[0]):
             h, c = m(x[t], (h, c))
         return h.sum()
@@ -73,7 +76,7 @@ def programs() -> dict[str, tuple[nn.Module | None, Callable[[], torch.Tensor], 
         "small ops (200 x (mul, add) on 64x64)": (None, lambda: w.clone(), chain_loss),
         "sin chain (100 x (mul, add, sin) on 64x64)": (None, lambda: w.clone(), sin_loss),
         "MLP 8 x (Linear, LayerNorm, ReLU), 64x256": (mlp, lambda: xm.clone(), lambda m, x: m(x).square().mean()),
-        "LSTMCell loop, 60 steps, batch 16": (cell, lambda: seq.clone(), lstm_loss),
+        "LSTMCell loop (32 -> 256), 60 steps, batch 16": (cell, lambda: seq.clone(), lstm_loss),
         "TransformerEncoder 4 x 128, seq 64, batch 8": (enc, lambda: xs.clone(), lambda m, x: m(x).square().mean()),
     }
     try:
@@ -102,20 +105,40 @@ def _grads(model, make, loss, wrap, out=lambda t: t.clone()) -> list[torch.Tenso
     return g
 
 
+def _clean(ext) -> None:
+    """Between measurements: nothing of the last run may stay counted (a failed run's frames hold tensors
+    until the collector frees them), so that every budget is a fraction of this program's own bytes."""
+    gc.collect()
+    left = ext.counters()["bytes"]
+    if left:
+        raise RuntimeError(f"remat.py: {left} B still counted between runs")
+    ext.reset_peak()
+
+
+def _after_failure(ext, model, make, loss) -> None:
+    """A step that raised leaves partial gradients, and its autograd graph stays alive (outside this
+    extension's records: no global of it holds a handle) until the next step of the program runs; one step at
+    no budget lets both go."""
+    if model is not None:
+        model.zero_grad(set_to_none=True)
+    ext.set_budget(-1)
+    _grads(model, make, loss, ext.manage, ext.unmanaged)
+
+
 def check() -> int:
     ext = _ext()
     bad = 0
     for name, (model, make, loss) in programs().items():
         ref = _grads(model, make, loss, lambda t: t)
         ext.set_budget(-1)
-        ext.reset_peak()
+        _clean(ext)
         got = _grads(model, make, loss, ext.manage, ext.unmanaged)
         peak = ext.counters()["peak"]
         rows = [f"100%: {'bitwise' if all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)) else 'DIFFERENT'}"]
         for frac in (0.5, 0.3):
             c0 = ext.counters()
+            _clean(ext)
             ext.set_budget(int(peak * frac))
-            ext.reset_peak()
             try:
                 got = _grads(model, make, loss, ext.manage, ext.unmanaged)
                 same = all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
@@ -125,6 +148,7 @@ def check() -> int:
                 bad += not same
             except RuntimeError as e:
                 rows.append(f"{frac:.0%}: {str(e).splitlines()[0][:100]}")
+                _after_failure(ext, model, make, loss)
             ext.set_budget(-1)
         print(f"{name} (managed peak {peak / 2**20:.2f} MiB): " + "; ".join(rows))
     return bad
@@ -152,7 +176,7 @@ def timing(rounds: int, steps: int) -> None:
         plain_fn = lambda m=model, mk=make, lo=loss: _grads(m, mk, lo, lambda x: x)  # noqa: E731
         native_fn = lambda m=model, mk=make, lo=loss: _grads(m, mk, lo, ext.manage, ext.unmanaged)  # noqa: E731
         ext.set_budget(-1)
-        ext.reset_peak()
+        _clean(ext)
         n0 = ext.counters()["ops"]
         native_fn()
         ops = ext.counters()["ops"] - n0
@@ -169,12 +193,14 @@ def timing(rounds: int, steps: int) -> None:
             plain_fn()
             t["plain"].append(_median(plain_fn, steps))
             for label, b in (("C++ none", -1), ("C++ 50%", int(native_peak * 0.5))):
+                _clean(ext)
                 ext.set_budget(b)
                 try:
                     native_fn()
                     t[label].append(_median(native_fn, steps))
                 except RuntimeError:
-                    pass
+                    ext.set_budget(-1)
+                    _after_failure(ext, model, make, loss)
                 finally:
                     ext.set_budget(-1)
             for label, b in (("dtr none", None), ("dtr 50%", int(dtr_peak * 0.5))):
