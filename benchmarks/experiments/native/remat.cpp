@@ -3,15 +3,17 @@
 // all in a boxed C++ kernel below autograd (see floor.cpp for the tagging). Checked and timed by remat.py
 // next to it; docs/native.md says what it found. Not shipped. Simplifications (native.md): the budget is
 // checked after an op, costs are measured (not modelled), a linear scan picks the victim, random ops are
-// pinned instead of replayed, temporaries made while a recipe runs are not counted.
+// replayed from the CPU generator's state only (CUDA and explicit generators: pinned), temporaries made while
+// a recipe runs are not counted.
 //
 // Records: a Buffer per storage the program holds (its handles: the tagged TensorImpls), a Cell per value
 // (a version of a buffer's contents, with the recipe that makes it). A buffer holds one value at a time;
 // writing in place makes a new value whose recipe replays the write on a copy of the old one, and the old
-// value lives on as a recipe only, recomputed into a temporary when a recipe reads it.
+// value lives on as a recipe only, recomputed into a storage of its own when a recipe reads it.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <chrono>
 #include <unordered_map>
 
@@ -24,7 +26,7 @@ using c10::IValue;
 struct Cell;
 std::vector<Cell*> g_resident;  // evictable and resident
 int64_t g_clock = 0, g_bytes = 0, g_peak = 0, g_budget = -1;
-int64_t g_ops = 0, g_evictions = 0, g_remats = 0, g_deaths = 0, g_versions = 0;
+int64_t g_ops = 0, g_evictions = 0, g_remats = 0, g_deaths = 0, g_versions = 0, g_replays = 0;
 thread_local int g_depth = 0;
 
 // Evicted cells joined by recipe edges form a component whose summed cost is what evicting a neighbour adds
@@ -67,6 +69,7 @@ struct Cell : c10::intrusive_ptr_target {
   std::vector<std::vector<size_t>> slots;  // per argument, the `inputs` it takes
   std::vector<Input> inputs;
   size_t out = 0;
+  at::Tensor rng;                  // a random op: the CPU generator's state it started from
   c10::intrusive_ptr<Cell> prev;  // a write: the value written over (the recipe runs on a copy of it)
   size_t written = 0;             // a write: the input (index into `inputs`) that is written
   std::vector<Cell*> children;    // cells whose recipes read this one (raw: a child holds its parents)
@@ -275,6 +278,24 @@ const Facts& facts(const c10::OperatorHandle& op) {
 
 c10::Storage materialize(Cell* c);
 
+struct Replay {  // RNG replay: the op draws what it drew the first time; the generator is left as it was
+  at::Generator gen;
+  at::Tensor saved;
+  explicit Replay(const at::Tensor& state) {
+    if (!state.defined()) return;
+    ++g_replays;
+    gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+    gen.set_state(state);
+  }
+  ~Replay() {
+    if (!saved.defined()) return;
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved);
+  }
+};
+
 at::Tensor view_of(const c10::Storage& s, const Input& in, const at::TensorOptions& opts) {
   auto t = at::empty({0}, opts);
   t.set_(s, in.offset, in.sizes, in.strides);
@@ -328,6 +349,7 @@ c10::Storage run_recipe(Cell* c, const c10::intrusive_ptr<c10::StorageImpl>& int
       stack.emplace_back(input(sl[0]));
     }
   }
+  Replay replay(c->rng);
   c->op->redispatchBoxed(c->keys, &stack);
   }
   ++g_remats;
@@ -436,7 +458,26 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
       args.push_back(v);
     }
   }
-  const bool replayable = !f.random && !opaque;
+  // A random op replays from the default CPU generator's state before it ran; one given a generator, or on
+  // another device, cannot be replayed here: its outputs are pinned.
+  at::Tensor rng;
+  bool explicit_gen = false;
+  for (size_t i = 0; i < nin; ++i)
+    if ((*stack)[start + i].isGenerator()) explicit_gen = true;
+  if (f.random && !explicit_gen) {
+    bool cpu = true;
+    for (auto& in : inputs) {
+      const auto dev = in.cell ? in.opts.device() : in.plain.device();
+      if (!dev.is_cpu()) cpu = false;
+    }
+    if (cpu) {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      Below b;
+      rng = gen.get_state();
+    }
+  }
+  const bool replayable = (!f.random || rng.defined()) && !opaque;
   auto t0 = std::chrono::steady_clock::now();
   {
     Below b;
@@ -451,6 +492,7 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
     cell->slots = slots;
     cell->inputs = inputs;
     cell->out = k;
+    cell->rng = rng;
     for (auto& in : inputs)
       if (in.cell) in.cell->children.push_back(cell);
   };
@@ -585,7 +627,7 @@ void set_budget(int64_t b) { g_budget = b; }
 void reset_peak() { g_peak = g_bytes; }
 std::unordered_map<std::string, int64_t> counters() {
   return {{"ops", g_ops}, {"evictions", g_evictions}, {"remats", g_remats}, {"deaths", g_deaths},
-          {"versions", g_versions}, {"bytes", g_bytes}, {"peak", g_peak},
+          {"versions", g_versions}, {"random_replays", g_replays}, {"bytes", g_bytes}, {"peak", g_peak},
           {"resident_cells", static_cast<int64_t>(g_resident.size())}};
 }
 
