@@ -3,8 +3,8 @@
 // all in a boxed C++ kernel below autograd (see floor.cpp for the tagging). Checked and timed by remat.py
 // next to it; docs/native.md says what it found. Not shipped. Simplifications (native.md): the budget is
 // checked after an op, costs are measured (not modelled), a linear scan picks the victim, random ops are
-// replayed from the CPU generator's state only (CUDA and explicit generators: pinned), temporaries made while
-// a recipe runs are not counted.
+// replayed from their device's default generator state (an explicit generator: pinned), temporaries made
+// while a recipe runs are not counted.
 //
 // Records: a Buffer per storage the program holds (its handles: the tagged TensorImpls), a Cell per value
 // (a version of a buffer's contents, with the recipe that makes it). A buffer holds one value at a time;
@@ -13,7 +13,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <chrono>
 #include <unordered_map>
 
@@ -69,7 +69,8 @@ struct Cell : c10::intrusive_ptr_target {
   std::vector<std::vector<size_t>> slots;  // per argument, the `inputs` it takes
   std::vector<Input> inputs;
   size_t out = 0;
-  at::Tensor rng;                  // a random op: the CPU generator's state it started from
+  at::Tensor rng;                  // a random op: its device's generator state it started from
+  c10::Device rng_device = c10::Device(c10::kCPU);
   c10::intrusive_ptr<Cell> prev;  // a write: the value written over (the recipe runs on a copy of it)
   size_t written = 0;             // a write: the input (index into `inputs`) that is written
   std::vector<Cell*> children;    // cells whose recipes read this one (raw: a child holds its parents)
@@ -281,10 +282,10 @@ c10::Storage materialize(Cell* c);
 struct Replay {  // RNG replay: the op draws what it drew the first time; the generator is left as it was
   at::Generator gen;
   at::Tensor saved;
-  explicit Replay(const at::Tensor& state) {
+  Replay(const at::Tensor& state, c10::Device device) {
     if (!state.defined()) return;
     ++g_replays;
-    gen = at::detail::getDefaultCPUGenerator();
+    gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     saved = gen.get_state();
     gen.set_state(state);
@@ -349,7 +350,7 @@ c10::Storage run_recipe(Cell* c, const c10::intrusive_ptr<c10::StorageImpl>& int
       stack.emplace_back(input(sl[0]));
     }
   }
-  Replay replay(c->rng);
+  Replay replay(c->rng, c->rng_device);
   c->op->redispatchBoxed(c->keys, &stack);
   }
   ++g_remats;
@@ -458,20 +459,22 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
       args.push_back(v);
     }
   }
-  // A random op replays from the default CPU generator's state before it ran; one given a generator, or on
-  // another device, cannot be replayed here: its outputs are pinned.
+  // A random op replays from its device's default generator state before it ran (on CUDA a seed and an
+  // offset); one given a generator, or reading tensors of two accelerators, is not replayed: its outputs
+  // are pinned.
   at::Tensor rng;
-  bool explicit_gen = false;
+  std::optional<c10::Device> rng_device;
+  bool one_device = true;
   for (size_t i = 0; i < nin; ++i)
-    if ((*stack)[start + i].isGenerator()) explicit_gen = true;
-  if (f.random && !explicit_gen) {
-    bool cpu = true;
-    for (auto& in : inputs) {
+    if ((*stack)[start + i].isGenerator()) one_device = false;
+  if (f.random && one_device) {
+    for (auto& in : inputs) {  // the accelerator's generator if any input is on one (CPU scalars ride along)
       const auto dev = in.cell ? in.opts.device() : in.plain.device();
-      if (!dev.is_cpu()) cpu = false;
+      if (!rng_device || (rng_device->is_cpu() && !dev.is_cpu())) rng_device = dev;
+      else if (!dev.is_cpu() && dev != *rng_device) one_device = false;
     }
-    if (cpu) {
-      auto gen = at::detail::getDefaultCPUGenerator();
+    if (rng_device && one_device) {
+      auto gen = at::globalContext().defaultGenerator(*rng_device);
       std::lock_guard<std::mutex> lock(gen.mutex());
       Below b;
       rng = gen.get_state();
@@ -493,6 +496,7 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
     cell->inputs = inputs;
     cell->out = k;
     cell->rng = rng;
+    if (rng_device) cell->rng_device = *rng_device;
     for (auto& in : inputs)
       if (in.cell) in.cell->children.push_back(cell);
   };

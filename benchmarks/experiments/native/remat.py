@@ -40,9 +40,15 @@ def _ext():
     return ext
 
 
-def programs() -> dict[str, tuple[nn.Module | None, Callable[[], torch.Tensor], Callable]]:
-    """name -> (model, input maker, loss(model, x))."""
+def programs(device: str = "cpu") -> dict[str, tuple[nn.Module | None, Callable[[], torch.Tensor], Callable]]:
+    """name -> (model, input maker, loss(model, x)), on ``device``."""
     torch.manual_seed(0)
+    with torch.device(device):
+        out = _programs(device)
+    return {k: (m.to(device) if m is not None else None, mk, lo) for k, (m, mk, lo) in out.items()}
+
+
+def _programs(device: str) -> dict[str, tuple[nn.Module | None, Callable[[], torch.Tensor], Callable]]:
     w = torch.randn(64, 64)
 
     def chain_loss(_m, x):
@@ -64,7 +70,7 @@ def programs() -> dict[str, tuple[nn.Module | None, Callable[[], torch.Tensor], 
     seq = torch.randn(60, 16, 32)
 
     def lstm_loss(m, x):
-        h = c = torch.zeros(16, 256)
+        h = c = torch.zeros(16, 256, device=x.device)
         for t in range(x.shape[0]):
             h, c = m(x[t], (h, c))
         return h.sum()
@@ -133,10 +139,10 @@ def _after_failure(ext, model, make, loss) -> None:
     _grads(model, make, loss, ext.manage, ext.unmanaged)
 
 
-def check() -> int:
+def check(device: str = "cpu") -> int:
     ext = _ext()
     bad = 0
-    for name, (model, make, loss) in programs().items():
+    for name, (model, make, loss) in programs(device).items():
         ref = _grads(model, make, loss, lambda t: t)
         ext.set_budget(-1)
         _clean(ext)
@@ -165,24 +171,28 @@ def check() -> int:
 
 
 def _median(fn, n: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     ts = []
     for _ in range(n):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
 
 
-def timing(rounds: int, steps: int) -> None:
+def timing(rounds: int, steps: int, device: str = "cpu") -> None:
     ext = _ext()
     print(f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; one step = forward + backward (no optimizer); median of {steps} "
-          f"steps per contender, {rounds} rounds interleaved; step time over plain PyTorch's (range over rounds). "
+          f"{torch.get_num_threads()} threads, {_where(device)}; one step = forward + backward (no optimizer); "
+          f"median of {steps} steps per contender, {rounds} rounds interleaved; step time over plain PyTorch's "
+          "(range over rounds). "
           "50%: of each runtime's own tracked peak at no budget; -: that budget is not reached (BudgetError)\n")
     print("| program | managed ops per step | plain step | C++ no budget | C++ 50% | torch-dtr no budget | "
           "torch-dtr 50% |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, (model, make, loss) in programs().items():
+    for name, (model, make, loss) in programs(device).items():
         plain_fn = lambda m=model, mk=make, lo=loss: _grads(m, mk, lo, lambda x: x)  # noqa: E731
         native_fn = lambda m=model, mk=make, lo=loss: _grads(m, mk, lo, ext.manage, ext.unmanaged)  # noqa: E731
         ext.set_budget(-1)
@@ -233,15 +243,24 @@ def _ratio(v: list[float] | None, p: float) -> str:
     return f"{statistics.median(v) / p:.2f}x ({min(v) / p:.2f}-{max(v) / p:.2f})"
 
 
+def _where(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))}, CUDA {torch.version.cuda}"
+    return "CPU"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("check", "time"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (bitwise on CUDA needs deterministic algorithms)")
     a = ap.parse_args()
+    if a.device.startswith("cuda"):
+        torch.use_deterministic_algorithms(True)
     if a.what == "check":
-        sys.exit(1 if check() else 0)
-    timing(a.rounds, a.steps)
+        sys.exit(1 if check(a.device) else 0)
+    timing(a.rounds, a.steps, a.device)
 
 
 if __name__ == "__main__":
