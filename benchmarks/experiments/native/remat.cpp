@@ -177,9 +177,43 @@ double neighbourhood(Cell* c) {  // the cost of evicting c: its own plus the evi
   return cost;
 }
 
+// Option: the victim chosen in Python (what a C++ front end with the rules left in Python pays per eviction):
+// the candidates' features go out as one float64 tensor [n, 3] (evicted-neighbourhood cost, bytes, staleness),
+// and the callable returns the index to evict.
+py::object* g_chooser = new py::object();  // never destroyed: no GIL at exit
+int64_t g_choices = 0;
+
+Cell* choose_in_python() {
+  std::vector<Cell*> cands;
+  cands.reserve(g_resident.size());
+  for (Cell* c : g_resident)
+    if (!c->locks) cands.push_back(c);
+  if (cands.empty()) return nullptr;
+  auto feats = at::empty({static_cast<int64_t>(cands.size()), 3}, at::kDouble);
+  auto a = feats.accessor<double, 2>();
+  for (size_t i = 0; i < cands.size(); ++i) {
+    a[i][0] = neighbourhood(cands[i]);
+    a[i][1] = double(cands[i]->nbytes);
+    a[i][2] = double(g_clock - cands[i]->last + 1);
+  }
+  py::gil_scoped_acquire gil;
+  ++g_choices;
+  auto k = (*g_chooser)(feats).cast<int64_t>();
+  TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(cands.size()), "dtr_remat: the chooser returned ", k, " of ",
+              cands.size(), " candidates");
+  return cands[k];
+}
+
 void check_budget() {
   g_peak = std::max(g_peak, g_bytes);
   while (g_budget >= 0 && g_bytes > g_budget) {
+    if (*g_chooser && !g_chooser->is_none()) {
+      Cell* v = choose_in_python();
+      TORCH_CHECK(v, "dtr_remat: ", g_bytes, " B resident, budget ", g_budget, " B, and nothing evictable: raise the budget");
+      leave(v, true);
+      ++g_evictions;
+      continue;
+    }
     Cell* victim = nullptr;
     double best = 0;
     for (Cell* c : g_resident) {
@@ -537,6 +571,7 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
   const size_t base = stack->size() - nout;
   auto wrap = [&](const at::Tensor& t, size_t k, const c10::AliasInfo* alias, bool replay) -> at::Tensor {
     if (alias && alias->isWrite()) return t;  // the input itself, written
+    if (!t.has_storage()) return t;  // sparse, nested: not managed
     // A view of an input: a handle of the buffer it shares. Some ops alias an input although their schema
     // says fresh (_unsafe_view): the storage, not the schema, decides.
     for (auto& in : inputs)
@@ -628,10 +663,11 @@ at::Tensor unmanaged(const at::Tensor& t) {  // a plain copy, outside the books 
 }
 
 void set_budget(int64_t b) { g_budget = b; }
+void set_chooser(py::object f) { *g_chooser = std::move(f); }
 void reset_peak() { g_peak = g_bytes; }
 std::unordered_map<std::string, int64_t> counters() {
   return {{"ops", g_ops}, {"evictions", g_evictions}, {"remats", g_remats}, {"deaths", g_deaths},
-          {"versions", g_versions}, {"random_replays", g_replays}, {"bytes", g_bytes}, {"peak", g_peak},
+          {"versions", g_versions}, {"python_choices", g_choices}, {"random_replays", g_replays}, {"bytes", g_bytes}, {"peak", g_peak},
           {"resident_cells", static_cast<int64_t>(g_resident.size())}};
 }
 
@@ -640,6 +676,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("claim", &claim);
   m.def("unmanaged", &unmanaged);
   m.def("set_budget", &set_budget);
+  m.def("set_chooser", &set_chooser);
   m.def("reset_peak", &reset_peak);
   m.def("counters", &counters);
 }

@@ -2,6 +2,7 @@
 
     python benchmarks/experiments/native/remat.py check   # gradients bitwise equal to plain at 100/50/30%
     python benchmarks/experiments/native/remat.py time [--rounds 3] [--steps 7]
+    python benchmarks/experiments/native/remat.py choose   # the victim chosen by Python instead of C++
 
 Builds remat.cpp with torch's JIT extension loader (a C++ compiler and ninja; about 30 s the first time). The
 programs' inputs are made managed (`manage`); parameters stay plain tensors, as torch-dtr's constants. Budgets
@@ -243,6 +244,55 @@ def _ratio(v: list[float] | None, p: float) -> str:
     return f"{statistics.median(v) / p:.2f}x ({min(v) / p:.2f}-{max(v) / p:.2f})"
 
 
+def _dtr_score(feats: torch.Tensor) -> int:
+    """The experiment's C++ rule, in Python: the lowest evicted-neighbourhood cost / (bytes x staleness)."""
+    return int(torch.argmin(feats[:, 0] / (feats[:, 1] * feats[:, 2])))
+
+
+def choose(rounds: int, steps: int, device: str = "cpu") -> None:
+    """What leaving the rules in Python costs a compiled front end: the same victim chosen in C++ or by a
+    Python callable given the candidates' features as one tensor, per eviction."""
+    ext = _ext()
+    print(f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {_where(device)}; forward + backward; median of {steps} steps, "
+          f"{rounds} rounds interleaved; step time over plain PyTorch's\n")
+    print("| program | budget | evictions per step | chosen in C++ | chosen in Python | Python's cost per eviction |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    progs = programs(device)
+    for name in [n for n in progs if n.startswith("GPT-2") or n.startswith("sin chain")]:
+        model, make, loss = progs[name]
+        plain_fn = lambda m=model, mk=make, lo=loss: _grads(m, mk, lo, lambda x: x)  # noqa: E731
+        native_fn = lambda m=model, mk=make, lo=loss: _grads(m, mk, lo, ext.manage, ext.unmanaged)  # noqa: E731
+        ext.set_budget(-1)
+        _clean(ext)
+        native_fn()
+        peak = ext.counters()["peak"]
+        for frac in (0.5, 0.3):
+            t: dict[str, list[float]] = collections.defaultdict(list)
+            ev: dict[str, list[int]] = collections.defaultdict(list)
+            for _ in range(rounds):
+                plain_fn()
+                t["plain"].append(_median(plain_fn, steps))
+                for label, chooser in (("C++", None), ("Python", _dtr_score)):
+                    _clean(ext)
+                    ext.set_chooser(chooser)
+                    ext.set_budget(int(peak * frac))
+                    try:
+                        native_fn()
+                        e0 = ext.counters()["evictions"]
+                        t[label].append(_median(native_fn, steps))
+                        ev[label].append((ext.counters()["evictions"] - e0) // steps)
+                    finally:
+                        ext.set_budget(-1)
+                        ext.set_chooser(None)
+            p = statistics.median(t["plain"])
+            c, py = statistics.median(t["C++"]), statistics.median(t["Python"])
+            n = statistics.median(ev["Python"])
+            per = f"{(py - c) / n * 1e6:.0f} us" if n else "-"
+            print(f"| {name} | {frac:.0%} | {statistics.median(ev['C++']):.0f} / {n:.0f} | {c / p:.2f}x | "
+                  f"{py / p:.2f}x | {per} |", flush=True)
+
+
 def _where(device: str) -> str:
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(torch.device(device))}, CUDA {torch.version.cuda}"
@@ -251,7 +301,7 @@ def _where(device: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("check", "time"))
+    ap.add_argument("what", choices=("check", "time", "choose"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (bitwise on CUDA needs deterministic algorithms)")
@@ -260,6 +310,9 @@ def main() -> None:
         torch.use_deterministic_algorithms(True)
     if a.what == "check":
         sys.exit(1 if check(a.device) else 0)
+    if a.what == "choose":
+        choose(a.rounds, a.steps, a.device)
+        return
     timing(a.rounds, a.steps, a.device)
 
 
