@@ -396,12 +396,8 @@ c10::Storage run_recipe(Cell* c, const c10::intrusive_ptr<c10::StorageImpl>& int
   return c10::Storage(into);
 }
 
-void make_resident(Cell* c) {
-  c->last = g_clock;
-  if (c->resident) return;
-  auto s = c->buffer ? c->buffer->storage.lock() : c10::intrusive_ptr<c10::StorageImpl>();
-  TORCH_INTERNAL_ASSERT(s, "make_resident: a value without a buffer");
-  run_recipe(c, s);
+// c's value is back in memory: it leaves its evicted component, counts, may be evicted again, and makes room.
+void arrive(Cell* c) {
   c->resident = true;
   if (c->group) {
     find(c->group)->cost -= c->cost;
@@ -409,11 +405,18 @@ void make_resident(Cell* c) {
   }
   g_bytes += c->nbytes;
   c->list();
-  {
-    Locks held;
-    held.add(c);
-    check_budget();
-  }
+  Locks held;
+  held.add(c);
+  check_budget();
+}
+
+void make_resident(Cell* c) {
+  c->last = g_clock;
+  if (c->resident) return;
+  auto s = c->buffer ? c->buffer->storage.lock() : c10::intrusive_ptr<c10::StorageImpl>();
+  TORCH_INTERNAL_ASSERT(s, "make_resident: a value without a buffer");
+  run_recipe(c, s);
+  arrive(c);
 }
 
 // The storage holding c's value: its buffer's (brought back if evicted) or, for a value no buffer holds any
@@ -429,18 +432,7 @@ c10::Storage materialize(Cell* c) {
   }
   c10::Storage s = run_recipe(c, {});
   c->kept = s;
-  c->resident = true;
-  if (c->group) {
-    find(c->group)->cost -= c->cost;
-    c->group.reset();
-  }
-  g_bytes += c->nbytes;
-  c->list();
-  {
-    Locks held;
-    held.add(c);
-    check_budget();
-  }
+  arrive(c);
   return s;
 }
 
