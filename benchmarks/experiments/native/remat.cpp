@@ -1,10 +1,10 @@
 // A compiled DTR mechanism, end to end, as an experiment: tag outputs, keep records, count bytes against a
 // budget, evict by the DTR score, rematerialize on access, version in-place writes, free on handle death,
 // all in a boxed C++ kernel below autograd (see floor.cpp for the tagging). Checked and timed by remat.py
-// next to it; docs/native.md says what it found. Not shipped. Simplifications (native.md): the budget is
-// checked after an op, costs are measured (not modelled), a linear scan picks the victim, random ops are
-// replayed from their device's default generator state (an explicit generator: pinned), temporaries made
-// while a recipe runs are not counted.
+// next to it; docs/native.md says what it found. Not shipped. Simplifications (native.md): costs are
+// measured (not modelled), a linear scan picks the victim, random ops are replayed from their device's
+// default generator state (an explicit generator: pinned), temporaries made while a recipe runs are not
+// counted, ops whose sizes cannot be predicted are made room for after they run.
 //
 // Records: a Buffer per storage the program holds (its handles: the tagged TensorImpls), a Cell per value
 // (a version of a buffer's contents, with the recipe that makes it). A buffer holds one value at a time;
@@ -15,6 +15,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/Context.h>
 #include <chrono>
+#include <cstring>
 #include <unordered_map>
 
 namespace {
@@ -25,7 +26,7 @@ using c10::IValue;
 
 struct Cell;
 std::vector<Cell*> g_resident;  // evictable and resident
-int64_t g_clock = 0, g_bytes = 0, g_peak = 0, g_budget = -1;
+int64_t g_clock = 0, g_bytes = 0, g_reserved = 0, g_peak = 0, g_budget = -1;  // reserved: room being filled
 int64_t g_ops = 0, g_evictions = 0, g_remats = 0, g_deaths = 0, g_versions = 0, g_replays = 0;
 thread_local int g_depth = 0;
 
@@ -204,12 +205,14 @@ Cell* choose_in_python() {
   return cands[k];
 }
 
-void check_budget() {
-  g_peak = std::max(g_peak, g_bytes);
-  while (g_budget >= 0 && g_bytes > g_budget) {
+// Evicts until what is resident, reserved and `coming` fits the budget.
+void check_budget(int64_t coming = 0) {
+  g_peak = std::max(g_peak, g_bytes + g_reserved);
+  while (g_budget >= 0 && g_bytes + g_reserved + coming > g_budget) {
     if (*g_chooser && !g_chooser->is_none()) {
       Cell* v = choose_in_python();
-      TORCH_CHECK(v, "dtr_remat: ", g_bytes, " B resident, budget ", g_budget, " B, and nothing evictable: raise the budget");
+      TORCH_CHECK(v, "dtr_remat: ", g_bytes + g_reserved, " B resident, ", coming, " B to come, budget ", g_budget,
+                  " B, and nothing evictable: raise the budget");
       leave(v, true);
       ++g_evictions;
       continue;
@@ -221,8 +224,8 @@ void check_budget() {
       double score = neighbourhood(c) / (double(c->nbytes) * double(g_clock - c->last + 1));
       if (!victim || score < best) victim = c, best = score;
     }
-    TORCH_CHECK(victim, "dtr_remat: ", g_bytes, " B resident, budget ", g_budget,
-                " B, and nothing evictable: raise the budget");
+    TORCH_CHECK(victim, "dtr_remat: ", g_bytes + g_reserved, " B resident, ", coming, " B to come, budget ",
+                g_budget, " B, and nothing evictable: raise the budget");
     leave(victim, true);
     ++g_evictions;
   }
@@ -243,6 +246,22 @@ struct Locks {  // cells locked for the scope (exception-safe); the cells outliv
     for (Cell* c : cells) --c->locks;
   }
 };
+
+struct Reserve {  // room made for a value being recomputed, held until it arrives
+  int64_t n;
+  explicit Reserve(int64_t bytes);
+  ~Reserve() { g_reserved -= n; }
+};
+
+void make_room(int64_t coming) {  // evict until `coming` more bytes fit
+  if (g_budget >= 0 && coming > 0) check_budget(coming);
+}
+
+Reserve::Reserve(int64_t bytes) : n(0) {
+  make_room(bytes);
+  n = bytes;
+  g_reserved += n;
+}
 
 DispatchKeySet tagged(DispatchKeySet ks) { return ks | DispatchKeySet(BackendComponent::PrivateUse1Bit); }
 
@@ -345,7 +364,11 @@ c10::Storage run_recipe(Cell* c, const c10::intrusive_ptr<c10::StorageImpl>& int
   for (auto& in : c->inputs)
     if (in.cell) locked.add(in.cell.get());
   c10::Storage target;
+  // Room for the value is made once its inputs are in (a chain of recomputations reserves one value at a
+  // time, not the whole chain) and held until it arrives in its buffer, by the caller, right after.
+  std::optional<Reserve> room;
   if (c->prev) {  // a write: replay it on a copy of the value written over
+    room.emplace(c->nbytes);
     locked.add(c->prev.get());
     c10::Storage old = materialize(c->prev.get());
     const auto n = static_cast<int64_t>(old.nbytes());
@@ -384,6 +407,7 @@ c10::Storage run_recipe(Cell* c, const c10::intrusive_ptr<c10::StorageImpl>& int
       stack.emplace_back(input(sl[0]));
     }
   }
+  if (!room) room.emplace(c->nbytes);
   Replay replay(c->rng, c->rng_device);
   c->op->redispatchBoxed(c->keys, &stack);
   }
@@ -434,6 +458,126 @@ c10::Storage materialize(Cell* c) {
   c->kept = s;
   arrive(c);
   return s;
+}
+
+// Size prediction: the bytes an op's fresh outputs will take, known before it runs, so that room is made
+// first and the budget is a hard cap. Cached per call signature (operator, tensors' dtype, sizes and strides,
+// scalar arguments); a miss runs the op's meta kernel. Ops whose output sizes depend on data (nonzero) or
+// that have no meta kernel predict nothing: their outputs are made room for after they run.
+struct Key {
+  const c10::FunctionSchema* schema;
+  std::vector<int64_t> words;
+  bool operator==(const Key& o) const { return schema == o.schema && words == o.words; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<const void*>()(k.schema);
+    for (int64_t w : k.words) h = h * 1000003u ^ std::hash<int64_t>()(w);
+    return h;
+  }
+};
+std::unordered_map<Key, int64_t, KeyHash> g_sizes;
+int64_t g_predictions = 0, g_misses = 0;
+
+bool describe(const IValue& v, std::vector<int64_t>& w) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined()) {
+      w.push_back(-1);
+      return true;
+    }
+    w.push_back(static_cast<int64_t>(t.scalar_type()) * 1000 + t.dim());
+    w.push_back(static_cast<int64_t>(t.device().type()));
+    for (auto x : t.sizes()) w.push_back(x);
+    for (auto x : t.strides()) w.push_back(x);
+    return true;
+  }
+  if (v.isNone()) w.push_back(-2);
+  else if (v.isInt()) w.push_back(v.toInt());
+  else if (v.isBool()) w.push_back(v.toBool());
+  else if (v.isDouble()) {
+    double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    w.push_back(bits);
+  } else if (v.isIntList()) {
+    for (auto x : v.toIntVector()) w.push_back(x);
+    w.push_back(-3);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) describe(IValue(t), w);
+    w.push_back(-4);
+  } else if (v.isScalar()) {
+    auto sc = v.toScalar();
+    if (!sc.isIntegral(false) && !sc.isFloatingPoint()) return false;
+    double d = sc.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    w.push_back(bits);
+  } else if (v.isDevice()) {
+    w.push_back(static_cast<int64_t>(v.toDevice().type()));
+  } else if (v.isBoolList()) {
+    for (bool b : v.toBoolList()) w.push_back(b);
+    w.push_back(-5);
+  } else if (v.isDoubleList()) {
+    for (double d : v.toDoubleVector()) {
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      w.push_back(bits);
+    }
+    w.push_back(-6);
+  } else if (v.isString()) {
+    w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else {
+    return false;  // generators, optional tensor lists: not cached (a miss runs the meta kernel each time)
+  }
+  return true;
+}
+
+IValue to_meta(const IValue& v) {
+  if (v.isTensor() && v.toTensor().defined()) {
+    const auto& t = v.toTensor();
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(to_meta(IValue(t)).toTensor());
+    return l;
+  }
+  return v;
+}
+
+int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t start, const Facts& f) {
+  Key key{&op.schema(), {}};
+  key.words.reserve(16);
+  bool cacheable = true;
+  for (size_t i = start; i < stack.size() && cacheable; ++i) cacheable = describe(stack[i], key.words);
+  if (cacheable) {
+    auto it = g_sizes.find(key);
+    if (it != g_sizes.end()) return it->second;
+  }
+  ++g_misses;
+  int64_t bytes = 0;
+  try {
+    Below b;
+    torch::jit::Stack meta;
+    for (size_t i = start; i < stack.size(); ++i) meta.push_back(to_meta(stack[i]));
+    std::vector<const c10::StorageImpl*> ins;
+    for (const auto& v : meta)
+      if (v.isTensor() && v.toTensor().defined()) ins.push_back(v.toTensor().storage().unsafeGetStorageImpl());
+    op.redispatchBoxed(DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    for (size_t k = 0; k < meta.size() && k < f.returns.size(); ++k) {
+      if (f.returns[k]) continue;  // a view or the input itself: no new bytes
+      if (meta[k].isTensor() && meta[k].toTensor().defined() && meta[k].toTensor().has_storage() &&
+          std::find(ins.begin(), ins.end(), meta[k].toTensor().storage().unsafeGetStorageImpl()) == ins.end())
+        bytes += static_cast<int64_t>(meta[k].toTensor().storage().nbytes());  // (_unsafe_view aliases)
+      else if (meta[k].isTensorList())
+        for (const at::Tensor& t : meta[k].toTensorList()) bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+  } catch (const std::exception&) {
+    bytes = 0;  // no meta kernel, or sizes that depend on data
+  }
+  if (cacheable) g_sizes.emplace(std::move(key), bytes);
+  return bytes;
 }
 
 void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -507,6 +651,10 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
     }
   }
   const bool replayable = (!f.random || rng.defined()) && !opaque;
+  if (g_budget >= 0) {
+    ++g_predictions;
+    make_room(predict(op, *stack, start, f));
+  }
   auto t0 = std::chrono::steady_clock::now();
   {
     Below b;
@@ -659,7 +807,7 @@ void set_chooser(py::object f) { *g_chooser = std::move(f); }
 void reset_peak() { g_peak = g_bytes; }
 std::unordered_map<std::string, int64_t> counters() {
   return {{"ops", g_ops}, {"evictions", g_evictions}, {"remats", g_remats}, {"deaths", g_deaths},
-          {"versions", g_versions}, {"python_choices", g_choices}, {"random_replays", g_replays}, {"bytes", g_bytes}, {"peak", g_peak},
+          {"versions", g_versions}, {"predictions", g_predictions}, {"prediction_misses", g_misses}, {"python_choices", g_choices}, {"random_replays", g_replays}, {"bytes", g_bytes}, {"peak", g_peak},
           {"resident_cells", static_cast<int64_t>(g_resident.size())}};
 }
 
