@@ -4,6 +4,9 @@
     python benchmarks/experiments/native/remat.py time [--rounds 3] [--steps 7]
     python benchmarks/experiments/native/remat.py choose   # the victim chosen by Python instead of C++
 
+Each takes --device cuda (untested so far). REMAT_CPP=path builds a variant of remat.cpp instead (the check's
+negative control: without RNG replay the dropout programs must come out DIFFERENT).
+
 Builds remat.cpp with torch's JIT extension loader (a C++ compiler and ninja; about 30 s the first time). The
 programs' inputs are made managed (`manage`); parameters stay plain tensors, as torch-dtr's constants. Budgets
 are fractions of the managed bytes' peak at no budget, measured by the extension itself. Not shipped: an
