@@ -21,34 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.cpp_extension import load
 
 import torch_dtr
 
-
-class _Noop(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        return func(*args, **(kwargs or {}))
-
-
-def _chain(w: torch.Tensor):
-    def small() -> None:
-        y = w
-        for _ in range(200):
-            y = y * 1.0001 + 0.5
-        y.sum().backward()
-        w.grad = None
-    return small
-
-
-def _median(fn, n: int) -> float:
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from phases import _chain, _median, _Noop  # noqa: E402  (the same chain, clock and mode as phases.py's floor)
 
 
 def main() -> None:

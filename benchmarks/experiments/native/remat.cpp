@@ -300,6 +300,15 @@ at::Tensor handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
   return at::Tensor(std::move(impl));
 }
 
+// A buffer for t's storage holding a new value (resident, no recipe yet).
+c10::intrusive_ptr<Buffer> fresh(const at::Tensor& t) {
+  auto b = c10::make_intrusive<Buffer>(t.storage().unsafeGetStorageImpl());
+  b->value = c10::make_intrusive<Cell>();
+  b->value->buffer = b.get();
+  b->value->nbytes = static_cast<int64_t>(t.storage().nbytes());
+  return b;
+}
+
 Impl* impl_of(const at::Tensor& t) {
   if (!t.defined()) return nullptr;
   return dynamic_cast<Impl*>(t.unsafeGetTensorImpl());
@@ -721,18 +730,15 @@ void fallback(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stac
           return handle(t, c10::intrusive_ptr<Buffer>::reclaim_copy(in.cell->buffer));
       }
     if (alias) return t;
-    auto b = c10::make_intrusive<Buffer>(t.storage().unsafeGetStorageImpl());
-    auto cell = c10::make_intrusive<Cell>();
-    cell->buffer = b.get();
-    cell->nbytes = static_cast<int64_t>(t.storage().nbytes());
+    auto b = fresh(t);
+    Cell* cell = b->value.get();
     cell->cost = cost;
     cell->last = g_clock;
-    if (replay) recipe(cell.get(), k);
+    if (replay) recipe(cell, k);
     else cell->pinned = true;
-    b->value = cell;
     cell->list();
     g_bytes += cell->nbytes;
-    locked.add(cell.get());
+    locked.add(cell);
     return handle(t, std::move(b));
   };
   for (size_t k = 0; k < nout; ++k) {
@@ -775,13 +781,9 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 at::Tensor manage(const at::Tensor& t) {  // a managed leaf: pinned (no recipe), counted
-  auto b = c10::make_intrusive<Buffer>(t.storage().unsafeGetStorageImpl());
-  auto cell = c10::make_intrusive<Cell>();
-  cell->buffer = b.get();
-  cell->nbytes = static_cast<int64_t>(t.storage().nbytes());
-  cell->pinned = true;
-  b->value = cell;
-  g_bytes += cell->nbytes;
+  auto b = fresh(t);
+  b->value->pinned = true;
+  g_bytes += b->value->nbytes;
   return handle(t, std::move(b));
 }
 
