@@ -1,0 +1,149 @@
+"""torch-dtr's compiled front end (a preview): the per-op mechanism in C++, the decisions in the Python core.
+
+    from torch_dtr import native
+    native.enable(budget="2GiB")   # this thread's ops are managed from here on
+    ...
+    native.disable()
+
+# NOTE [ Native front end ]
+#
+# 1. Why: a Python dispatch mode costs a few microseconds per op before it does anything, and torch-dtr's
+#    Python front end about 30 (docs/dispatch.md); a GPU kernel often takes less. Here a C++ kernel does the
+#    per-op work (front.cpp): it finds the managed inputs, runs the op, tags the outputs, keeps the recipe,
+#    and caches per call signature what eager/front.py computes per op (output sizes, modelled costs).
+# 2. One definition of every rule: the kernel asks the core (``torch_dtr.core.Runtime``, the one the simulator
+#    drives) everything it decides: which storage to evict, when one is freed for good, how an evicted value
+#    comes back. It calls ``Session.ran`` after each managed op, and ``Session.before`` ahead of one when the
+#    core has something to do first (an evicted input, a budget to reserve against, handle deaths, new
+#    constants). The core's per-op work in Python is what this front end still costs (docs/native.md).
+# 3. Handles: a managed tensor is an ordinary tensor of its device whose dispatch keys also hold the
+#    PrivateUse1 backend bit (front.cpp, rule 1). While enabled, the thread's dispatch state includes that bit,
+#    so plain ops reach the kernel too (and pass through at once unless an input requires grad under grad
+#    mode). A process that uses a real PrivateUse1 backend cannot use this front end.
+# 4. Constants (plain tensors that managed ops read: parameters, inputs) are counted once per storage while a
+#    tensor holds it, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
+#    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
+# 5. What this preview does not do yet, where eager/front.py does: an in-place write to a managed value pins
+#    it (and invalidates the recipes that read it) instead of keeping a new version with a recipe; no
+#    inference management of ops on plain tensors under no_grad (NOTE [ Managed vs constant ] 5); CPU only
+#    (no device allocator accounting, no host tier, no tenants); one thread (others run their ops plain unless
+#    they read managed tensors); sizes come from meta kernels only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import parse_budget
+from ..core.policies import DEFAULT_POLICY, Policy, get_policy
+
+_SESSION: Any = None
+
+
+class NativeUnavailable(RuntimeError):
+    """The compiled front end could not be built here (no C++ compiler, no ninja): use ``torch_dtr.enable``."""
+
+
+@functools.cache
+def load() -> Any:
+    """Build (on first use, about a minute; then cached by torch) and load the extension."""
+    try:
+        from torch.utils.cpp_extension import load as build
+    except ImportError as e:  # pragma: no cover - torch always has it
+        raise NativeUnavailable(f"torch_dtr.native: torch.utils.cpp_extension is missing ({e})") from e
+    t0 = time.perf_counter()
+    try:
+        ext = build("torch_dtr_native", [str(Path(__file__).with_name("front.cpp"))], extra_cflags=["-O2"])
+    except Exception as e:  # no compiler, no ninja, a compile error
+        raise NativeUnavailable(
+            f"torch_dtr.native: the C++ front end could not be built ({type(e).__name__}: {str(e)[-400:]}); it needs "
+            f"a C++ compiler and ninja (pip install ninja). torch_dtr.enable() runs the Python front end "
+            f"instead.") from e
+    ext.claim()
+    took = time.perf_counter() - t0
+    if took > 5:
+        print(f"torch_dtr.native: built the C++ front end in {took:.0f} s (cached from now on)", file=sys.stderr)
+    return ext
+
+
+def available() -> bool:
+    """Whether the compiled front end builds and loads here."""
+    try:
+        load()
+    except NativeUnavailable:
+        return False
+    return True
+
+
+def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int = 2) -> Any:
+    """Manage this thread's ops with the compiled front end under ``budget`` (bytes or "2GiB"); returns the
+    session (``.rt`` is its core runtime)."""
+    global _SESSION
+    from .session import Session
+
+    if _SESSION is not None and _SESSION.active:
+        raise RuntimeError("torch_dtr.native: already enabled; call torch_dtr.native.disable() first")
+    from .. import eager
+
+    if eager.enabled():
+        raise RuntimeError("torch_dtr.native: torch_dtr.enable() is on; the two front ends cannot run together "
+                           "(call torch_dtr.disable() first)")
+    nbytes = parse_budget(budget)
+    get_policy(policy)
+    ext = load()
+    if _SESSION is not None:
+        ext.forget()
+    s = Session(ext, nbytes, policy, banish_depth)
+    s.active = True
+    _SESSION = s
+    ext.start(s, -1 if nbytes is None else nbytes)
+    ext.attach(True)
+    return s
+
+
+def disable() -> None:
+    """Stop managing new ops. Managed tensors the program still holds stay readable (evicted ones are
+    recomputed without a budget)."""
+    s = _SESSION
+    if s is None or not s.active:
+        return
+    s.active = False
+    s.ext.attach(False)
+    s.ext.stop()
+    s.rt.set_budget(None)
+
+
+def current() -> Any:
+    """The current (or last) native session, or None."""
+    return _SESSION
+
+
+def stats() -> dict[str, Any]:
+    """The core's counters (``torch_dtr.Stats`` as a dict) and the kernel's."""
+    s = _SESSION
+    if s is None:
+        return {}
+    out = dataclasses.asdict(s.rt.stats())
+    out.update(s.ext.counters())
+    return out
+
+
+def set_budget(budget: int | str | None) -> None:
+    """Change the budget of the running session (evicting now if it shrank)."""
+    s = _SESSION
+    if s is None or not s.active:
+        raise RuntimeError("torch_dtr.native: not enabled")
+    nbytes = parse_budget(budget)
+    s.rt.set_budget(nbytes)
+    s.ext.set_budget(-1 if nbytes is None else nbytes)
+    if nbytes is not None:
+        s.rt.reserve(0, "set_budget")
+
+
+def is_managed(t: Any) -> bool:
+    return bool(load().is_managed(t))

@@ -1,0 +1,828 @@
+// torch-dtr's compiled front end: the per-op mechanism of eager/front.py in C++, feeding the same core.
+// NOTE [ Native front end ] in native/__init__.py says what it is, what it keeps in C++ and what it asks the
+// Python core; this file is its mechanism only. No rule lives here: what to evict, when to free, what to bring
+// back is decided by the core (torch_dtr.core.Runtime), called once or twice per managed op.
+//
+// 1. A managed tensor is an ordinary TensorImpl of its device whose key set also holds the PrivateUse1 backend
+//    bit (a *handle*, class Handle): every op on one reaches `kernel` below autograd, which runs it on the real
+//    backend and tags its outputs. While enabled, the calling thread's TLS includes the bit too, so that ops on
+//    plain tensors reach `kernel` as well: an op whose inputs require grad (with grad mode on) is managed.
+// 2. A core storage is a Slot: the StorageImpl that its handles share. Eviction nulls the StorageImpl's data
+//    (the handles stay valid); recomputation moves the new data into the same StorageImpl, so every handle,
+//    view and tensor saved by autograd sees it again. The core's payload for a storage is a Value (a Slot
+//    reference); the core's Memory.free tells the slot to drop its data (session.py, NativeMemory).
+// 3. The handles of one storage share a Buffer, which holds the core's Storage object; when the last handle
+//    dies, the Buffer queues that object, and the next call into the core drops its reference (drop_ref).
+// 4. Locking: the GIL, then g_mutex (released while waiting, so that a thread holding the GIL never waits for
+//    one that needs it). Handle deaths only touch the queue (its own mutex).
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Context.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace {
+
+using c10::BackendComponent;
+using c10::DispatchKeySet;
+using c10::IValue;
+
+thread_local int g_depth = 0;  // > 0: ops run by a kernel or a recipe, not the program's
+std::recursive_mutex g_mutex;
+std::mutex g_dead_mutex;
+std::vector<PyObject*> g_dead;  // core Storages whose last handle died (strong references)
+
+struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
+  py::object session, before, ran, cost, written, see;
+  bool active = false, closed = false;
+  int64_t budget = -1;
+};
+Py* g_py = new Py();
+int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0;
+
+// ------------------------------------------------------------------ records
+struct Slot : c10::intrusive_ptr_target {  // one core storage (rule 2)
+  c10::Storage storage;
+  bool shared = false;  // its memory is also a plain tensor's (an unwrapped gradient): never nulled
+  explicit Slot(c10::Storage s) : storage(std::move(s)) {}
+  bool resident() const { return storage.nbytes() == 0 || storage.data() != nullptr; }
+  void drop() {
+    if (!shared && storage) storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
+  }
+};
+using SlotPtr = c10::intrusive_ptr<Slot>;
+
+struct Value {  // the core's payload of a resident storage
+  SlotPtr slot;
+};
+
+struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule 3)
+  SlotPtr slot;
+  PyObject* storage;  // the core's Storage (a strong reference)
+  Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st) {}
+  ~Buffer() override {
+    std::lock_guard<std::mutex> lock(g_dead_mutex);
+    g_dead.push_back(storage);
+  }
+};
+
+struct Handle : c10::TensorImpl {
+  c10::intrusive_ptr<Buffer> buffer;
+  Handle(c10::Storage s, DispatchKeySet ks, caffe2::TypeMeta dt, c10::intrusive_ptr<Buffer> b)
+      : c10::TensorImpl(std::move(s), ks, dt), buffer(std::move(b)) {}
+  template <typename VC>
+  c10::intrusive_ptr<c10::TensorImpl> copy_(VC&& vc, bool allow) const {
+    auto impl = c10::make_intrusive<Handle>(c10::Storage(storage()), key_set(), dtype(), buffer);
+    copy_tensor_metadata(this, impl.get(), std::forward<VC>(vc), allow);
+    impl->refresh_numel();
+    impl->refresh_contiguous();
+    return impl;
+  }
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& vc, bool a) const override {
+    return copy_(vc, a);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& vc, bool a) const override {
+    return copy_(std::move(vc), a);
+  }
+};
+
+Handle* handle_of(const at::Tensor& t) {
+  if (!t.defined() || !t.key_set().has_backend(BackendComponent::PrivateUse1Bit)) return nullptr;
+  return dynamic_cast<Handle*>(t.unsafeGetTensorImpl());
+}
+
+at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
+  auto ks = t.key_set() | DispatchKeySet(BackendComponent::PrivateUse1Bit);
+  auto impl = c10::make_intrusive<Handle>(c10::Storage(t.storage()), ks, t.dtype(), std::move(b));
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+// ------------------------------------------------------------------ running below
+struct Below {  // ops run inside are not the program's (exception-safe)
+  bool was;
+  Below() : was(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::PrivateUse1)) {
+    ++g_depth;
+    if (was) c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PrivateUse1, false);
+  }
+  ~Below() {
+    --g_depth;
+    if (was) c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PrivateUse1, true);
+  }
+};
+
+DispatchKeySet below_of(DispatchKeySet ks) {
+  return (ks & DispatchKeySet(DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake))
+      .remove_backend(BackendComponent::PrivateUse1Bit);
+}
+
+struct Facts {  // per operator, read once from its schema
+  std::vector<bool> written;
+  std::vector<const c10::AliasInfo*> returns;
+  bool random = false, writes = false, replayable = true, unannotated = false;
+  py::object name, overload;  // for the core's messages and the cost model
+};
+
+const Facts& facts(const c10::OperatorHandle& op) {
+  static std::unordered_map<const c10::FunctionSchema*, Facts> cache;
+  const auto& schema = op.schema();
+  auto it = cache.find(&schema);
+  if (it != cache.end()) return it->second;
+  Facts f;
+  for (const auto& a : schema.arguments()) {
+    bool w = a.alias_info() && a.alias_info()->isWrite();
+    f.written.push_back(w);
+    f.writes |= w;
+    if (a.type()->kind() == c10::TypeKind::OptionalType &&
+        a.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
+      f.random = true;
+  }
+  for (const auto& r : schema.returns()) f.returns.push_back(r.alias_info());
+  f.random |= op.hasTag(at::Tag::nondeterministic_seeded);
+  std::string base = schema.name().substr(schema.name().find("::") + 2);
+  static const char* never[] = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense", "linalg_lstsq",
+                                "_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"};
+  for (const char* n : never) f.replayable &= base != n;
+  static const char* aliasing[] = {"_unsafe_view", "_reshape_alias", "unsafe_split", "unsafe_split_with_sizes",
+                                   "unsafe_chunk"};
+  for (const char* n : aliasing) f.unannotated |= base == n;
+  f.name = py::str("aten." + base + "." + (schema.overload_name().empty() ? "default" : schema.overload_name()));
+  f.overload = py::str(schema.overload_name().empty() ? "default" : schema.overload_name());
+  return cache.emplace(&schema, std::move(f)).first->second;
+}
+
+template <typename F>
+void each_tensor(const IValue& v, F&& fn) {  // the tensors of an argument: a tensor, a list, an optional list
+  if (v.isTensor()) {
+    if (v.toTensor().defined()) fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) fn(t);
+  } else if (v.isList()) {
+    for (const IValue& e : v.toListRef())
+      if (e.isTensor() && e.toTensor().defined()) fn(e.toTensor());
+  }
+}
+
+// ------------------------------------------------------------------ signatures: sizes and costs cached per call
+struct Key {
+  const c10::FunctionSchema* schema;
+  std::vector<int64_t> words;
+  bool operator==(const Key& o) const { return schema == o.schema && words == o.words; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<const void*>()(k.schema);
+    for (int64_t w : k.words) h = h * 1000003u ^ std::hash<int64_t>()(w);
+    return h;
+  }
+};
+
+int64_t bits_of(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+bool describe(const IValue& v, std::vector<int64_t>& w) {  // false: not cacheable
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined()) {
+      w.push_back(-1);
+      return true;
+    }
+    if (t.layout() != c10::kStrided) return false;
+    w.push_back(static_cast<int64_t>(t.scalar_type()) * 1000 + t.dim());
+    w.push_back(static_cast<int64_t>(t.device().type()));
+    for (auto x : t.sizes()) w.push_back(x);
+    for (auto x : t.strides()) w.push_back(x);
+    return true;
+  }
+  if (v.isNone()) w.push_back(-2);
+  else if (v.isInt()) w.push_back(v.toInt());
+  else if (v.isBool()) w.push_back(v.toBool() ? 7 : 8);
+  else if (v.isDouble()) w.push_back(bits_of(v.toDouble()));
+  else if (v.isIntList()) {
+    for (auto x : v.toIntVector()) w.push_back(x);
+    w.push_back(-3);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList())
+      if (!describe(IValue(t), w)) return false;
+    w.push_back(-4);
+  } else if (v.isScalar()) {
+    auto sc = v.toScalar();
+    if (!sc.isIntegral(false) && !sc.isFloatingPoint() && !sc.isBoolean()) return false;
+    w.push_back(bits_of(sc.toDouble()));
+  } else if (v.isDevice()) {
+    w.push_back(static_cast<int64_t>(v.toDevice().type()) * 100 + v.toDevice().index());
+  } else if (v.isBoolList()) {
+    for (bool b : v.toBoolList()) w.push_back(b);
+    w.push_back(-5);
+  } else if (v.isDoubleList()) {
+    for (double d : v.toDoubleVector()) w.push_back(bits_of(d));
+    w.push_back(-6);
+  } else if (v.isString()) {
+    w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else {
+    return false;  // generators, optional tensor lists, ...: not cached
+  }
+  return true;
+}
+
+std::unordered_map<Key, int64_t, KeyHash> g_sizes;
+std::unordered_map<Key, double, KeyHash> g_costs;
+
+IValue to_meta(const IValue& v) {
+  if (v.isTensor() && v.toTensor().defined()) {
+    const auto& t = v.toTensor();
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(to_meta(IValue(t)).toTensor());
+    return l;
+  }
+  return v;
+}
+
+// The bytes of the op's fresh outputs, from its meta kernel (0 where it has none or sizes depend on data:
+// the core then makes room after the op, as for a prediction that fell short).
+int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t start, const Facts& f,
+                const Key* key) {
+  if (key) {
+    auto it = g_sizes.find(*key);
+    if (it != g_sizes.end()) return it->second;
+  }
+  ++g_misses;
+  int64_t bytes = 0;
+  try {
+    Below b;
+    torch::jit::Stack meta;
+    for (size_t i = start; i < stack.size(); ++i) meta.push_back(to_meta(stack[i]));
+    std::vector<const c10::StorageImpl*> ins;
+    for (const auto& v : meta)
+      if (v.isTensor() && v.toTensor().defined()) ins.push_back(v.toTensor().storage().unsafeGetStorageImpl());
+    op.redispatchBoxed(DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    for (size_t k = 0; k < meta.size() && k < f.returns.size(); ++k) {
+      if (f.returns[k]) continue;
+      if (meta[k].isTensor() && meta[k].toTensor().defined() && meta[k].toTensor().has_storage() &&
+          std::find(ins.begin(), ins.end(), meta[k].toTensor().storage().unsafeGetStorageImpl()) == ins.end())
+        bytes += static_cast<int64_t>(meta[k].toTensor().storage().nbytes());
+      else if (meta[k].isTensorList())
+        for (const at::Tensor& t : meta[k].toTensorList()) bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+  } catch (const std::exception&) {
+    bytes = 0;
+  }
+  if (key) g_sizes.emplace(*key, bytes);
+  return bytes;
+}
+
+// ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
+struct Seen {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t nbytes;
+  bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
+};
+std::unordered_map<const c10::StorageImpl*, Seen> g_seen;
+int64_t g_sweep = 0;
+
+// ------------------------------------------------------------------ recipes
+struct Input {  // a recipe's tensor argument: a managed storage and the view of it that was read, or a plain tensor
+  SlotPtr slot;
+  at::Tensor plain;
+  at::TensorOptions opts;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+struct Out {  // where a recipe's output goes: the return index, the list element (-1: none), its slot
+  size_t ret;
+  int64_t elem;
+  SlotPtr slot;
+};
+
+struct Replay {  // RNG replay: the op draws what it drew the first time; the generator is left as it was
+  at::Generator gen;
+  at::Tensor saved;
+  Replay(const at::Tensor& state, c10::Device device) {
+    if (!state.defined()) return;
+    gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+    gen.set_state(state);
+  }
+  ~Replay() {
+    if (!saved.defined()) return;
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved);
+  }
+};
+
+at::Tensor view_of(const c10::Storage& s, const Input& in) {
+  auto t = at::empty({0}, in.opts);
+  t.set_(s, in.offset, in.sizes, in.strides);
+  return t;
+}
+
+struct Recipe {
+  c10::OperatorHandle op;
+  DispatchKeySet keys;
+  std::vector<IValue> args;                // non-tensor arguments; tensors filled from `inputs`
+  std::vector<std::vector<size_t>> slots;  // per argument, the `inputs` it takes
+  std::vector<uint8_t> kinds;              // per argument: 0 as is, 1 tensor, 2 tensor list, 3 optional tensor list
+  std::vector<Input> inputs;
+  std::vector<Out> outs;
+  at::Tensor rng;
+  c10::Device rng_device = c10::Device(c10::kCPU);
+  explicit Recipe(c10::OperatorHandle o) : op(std::move(o)) {}
+
+  // Runs the op again (the core calls this only with every input resident) and moves each missing output's
+  // data into its slot; one Value per output, in order.
+  py::list call() {
+    torch::jit::Stack stack;
+    std::vector<at::Tensor> keep;
+    auto input = [&](size_t k) -> at::Tensor {
+      const Input& in = inputs[k];
+      if (!in.slot) return in.plain;
+      TORCH_INTERNAL_ASSERT(in.slot->resident(), "torch_dtr native: a recipe ran with an evicted input");
+      return view_of(in.slot->storage, in);
+    };
+    {
+      py::gil_scoped_release nogil;
+      Below below;
+      for (size_t i = 0; i < args.size(); ++i) {
+        const auto& sl = slots[i];
+        if (kinds[i] == 0) {
+          stack.push_back(args[i]);
+        } else if (kinds[i] == 1) {
+          stack.emplace_back(input(sl[0]));
+        } else if (kinds[i] == 2) {
+          c10::List<at::Tensor> l;
+          for (auto k : sl) l.push_back(input(k));
+          stack.emplace_back(l);
+        } else {
+          c10::List<std::optional<at::Tensor>> l;
+          size_t next = 0;
+          for (const IValue& e : args[i].toListRef()) {
+            if (e.isTensor() && e.toTensor().defined()) l.push_back(input(sl[next++]));
+            else l.push_back(std::nullopt);
+          }
+          stack.emplace_back(l);
+        }
+      }
+      Replay replay(rng, rng_device);
+      op.redispatchBoxed(keys, &stack);
+    }
+    ++g_replays;
+    py::list values;
+    for (const Out& o : outs) {
+      const IValue& v = stack[o.ret];
+      at::Tensor t = o.elem < 0 ? v.toTensor() : v.toTensorList().get(o.elem);
+      c10::StorageImpl* into = o.slot->storage.unsafeGetStorageImpl();
+      if (!o.slot->resident()) {
+        c10::StorageImpl* fresh = t.storage().unsafeGetStorageImpl();
+        TORCH_CHECK(fresh->nbytes() == into->nbytes(), "torch_dtr native: ", op.schema().name(), " recomputed ",
+                    fresh->nbytes(), " bytes where it made ", into->nbytes(), " the first time");
+        into->set_data_ptr_noswap(fresh->set_data_ptr(c10::DataPtr(nullptr, fresh->device())));
+      }
+      values.append(Value{o.slot});
+    }
+    return values;
+  }
+};
+
+// ------------------------------------------------------------------ locking (rule 4)
+struct Lock {
+  std::unique_lock<std::recursive_mutex> lock;
+  Lock() : lock(g_mutex, std::try_to_lock) {
+    if (!lock.owns_lock()) {
+      py::gil_scoped_release nogil;
+      lock.lock();
+    }
+  }
+};
+
+py::list take_dead() {
+  std::vector<PyObject*> dead;
+  {
+    std::lock_guard<std::mutex> lock(g_dead_mutex);
+    dead.swap(g_dead);
+  }
+  py::list out;
+  for (PyObject* o : dead) out.append(py::reinterpret_steal<py::object>(o));
+  return out;
+}
+
+bool dead_pending() {
+  std::lock_guard<std::mutex> lock(g_dead_mutex);
+  return !g_dead.empty();
+}
+
+py::list swept_constants() {  // constants whose last tensor died since the last sweep: their bytes
+  py::list gone;
+  for (auto it = g_seen.begin(); it != g_seen.end();) {
+    if (it->second.storage.expired()) {
+      gone.append(py::make_tuple(reinterpret_cast<intptr_t>(it->first), it->second.nbytes));
+      it = g_seen.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return gone;
+}
+
+void run_below(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack) {
+  Below b;
+  op.redispatchBoxed(below, stack);
+}
+
+// A plain op that writes a constant that recipes read: the core invalidates those recipes first.
+void plain_writes(const c10::OperatorHandle& op, const Facts& f, torch::jit::Stack* stack, size_t start) {
+  py::list hit;
+  for (size_t i = 0; i < f.written.size(); ++i) {
+    if (!f.written[i]) continue;
+    each_tensor((*stack)[start + i], [&](const at::Tensor& t) {
+      if (!t.has_storage()) return;
+      auto it = g_seen.find(t.storage().unsafeGetStorageImpl());
+      if (it != g_seen.end() && it->second.read) {
+        it->second.read = false;
+        hit.append(reinterpret_cast<intptr_t>(it->first));
+      }
+    });
+  }
+  if (hit.size()) g_py->written(hit, f.name);
+}
+
+void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below, torch::jit::Stack* stack,
+             size_t start) {
+  const size_t nin = f.written.size();
+  auto rec = std::make_unique<Recipe>(op);
+  rec->keys = below;
+  rec->args.reserve(nin);
+  rec->slots.resize(nin);
+  rec->kinds.resize(nin);
+  py::list ins, writes, fresh_consts;
+  std::vector<Handle*> handles;
+  std::vector<const c10::StorageImpl*> reads;  // constants the recipe reads
+  bool evicted = false, opaque = false;
+  auto note = [&](const at::Tensor& t, size_t i) {
+    rec->slots[i].push_back(rec->inputs.size());
+    Handle* h = handle_of(t);
+    if (!h) {
+      rec->inputs.push_back(Input{{}, t, {}, {}, {}, 0});
+      if (t.has_storage() && t.layout() == c10::kStrided && t.device().type() != c10::kMeta) {
+        c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+        const auto n = static_cast<int64_t>(si->nbytes());
+        if (n) {
+          auto it = g_seen.find(si);
+          if (it == g_seen.end() || it->second.storage.expired()) {
+            if (it != g_seen.end()) g_seen.erase(it);
+            fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
+            g_seen.emplace(si, Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si)), n});
+          }
+          reads.push_back(si);
+          if (f.written[i]) {
+            auto& s = g_seen.find(si)->second;
+            if (s.read) {
+              s.read = false;
+              py::list hit;
+              hit.append(reinterpret_cast<intptr_t>(si));
+              g_py->written(hit, f.name);
+            }
+          }
+        }
+      }
+      return;
+    }
+    handles.push_back(h);
+    ins.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
+    if (!h->buffer->slot->resident()) evicted = true;
+    if (f.written[i]) writes.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
+    rec->inputs.push_back(Input{h->buffer->slot, {}, t.options(), t.sizes().vec(), t.strides().vec(),
+                                t.storage_offset()});
+  };
+  for (size_t i = 0; i < nin; ++i) {
+    const IValue& v = (*stack)[start + i];
+    if (v.isTensor()) {
+      rec->kinds[i] = v.toTensor().defined() ? 1 : 0;
+      if (v.toTensor().defined()) note(v.toTensor(), i);
+      rec->args.push_back(v.toTensor().defined() ? IValue() : v);
+    } else if (v.isTensorList()) {
+      rec->kinds[i] = 2;
+      for (const at::Tensor& t : v.toTensorList()) note(t, i);
+      rec->args.emplace_back();
+    } else if (v.isList() && v.toListRef().size() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+      bool tensors = false;
+      for (const IValue& e : v.toListRef()) tensors |= e.isTensor();
+      if (tensors) {  // an optional tensor list (index): the recipe keeps the Nones' places
+        rec->kinds[i] = 3;
+        for (const IValue& e : v.toListRef())
+          if (e.isTensor() && e.toTensor().defined()) note(e.toTensor(), i);
+        rec->args.push_back(v);  // its layout; the tensors are refilled from `inputs`
+      } else {
+        rec->args.push_back(v);
+      }
+    } else {
+      if (v.isGenerator()) opaque = true;  // a generator of its own: not replayed (outputs pinned)
+      rec->args.push_back(v);
+    }
+  }
+  // the call signature, for the size and cost caches
+  Key key{&op.schema(), {}};
+  bool cacheable = true;
+  key.words.reserve(24);
+  for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
+  int64_t need = 0;
+  if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr);
+  const bool dead = dead_pending();
+  if (++g_sweep % 256 == 0) {
+    py::list gone = swept_constants();
+    if (gone.size()) g_py->session.attr("constants_died")(gone);
+  }
+  py::object held = py::none();
+  if (evicted || g_py->budget >= 0 || fresh_consts.size() || writes.size() || dead || g_py->closed) {
+    ++g_calls;
+    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes);
+  }
+  if (g_py->closed) {  // after disable(): values come back without a budget, outputs stay plain
+    run_below(op, below, stack);
+    return;
+  }
+  // random ops replay from their device's default generator state (a generator of their own: not replayed)
+  if (f.random && !opaque) {
+    std::optional<c10::Device> dev;
+    for (auto& in : rec->inputs) {
+      const auto d = in.slot ? in.opts.device() : in.plain.device();
+      if (!dev || (dev->is_cpu() && !d.is_cpu())) dev = d;
+    }
+    if (!dev) dev = c10::Device(c10::kCPU);
+    auto gen = at::globalContext().defaultGenerator(*dev);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    Below b;
+    rec->rng = gen.get_state();
+    rec->rng_device = *dev;
+    ++g_rng;
+  }
+  // the modelled cost, cached per call signature; a miss asks the cost model (eager/costs.py) after the op
+  // runs, with its arguments as they were
+  double cost = 0;
+  auto hit = cacheable ? g_costs.find(key) : g_costs.end();
+  const bool known = hit != g_costs.end();
+  if (known) cost = hit->second;
+  py::list pin;
+  if (!known)
+    for (size_t i = start; i < stack->size(); ++i) pin.append(torch::jit::toPyObject((*stack)[i]));
+  try {
+    run_below(op, below, stack);
+  } catch (...) {
+    if (!held.is_none()) g_py->session.attr("release")(held);
+    throw;
+  }
+  ++g_ops;
+  // outputs: fresh storages get slots; views and aliases of a managed input share its buffer
+  const size_t nout = f.returns.size();
+  const size_t base = stack->size() - nout;
+  std::vector<std::pair<const c10::StorageImpl*, size_t>> made;  // fresh storage -> index in `fresh`
+  struct Fresh {
+    size_t ret;
+    int64_t elem;
+    SlotPtr slot;
+  };
+  std::vector<Fresh> fresh;
+  py::list nbytes, values;
+  auto classify = [&](const at::Tensor& t, size_t k, int64_t elem) {
+    if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return;
+    const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+    for (Handle* h : handles)
+      if (h->buffer->slot->storage.unsafeGetStorageImpl() == si) return;  // a view or the input itself
+    if (f.returns[k]) return;  // aliases a plain input
+    for (auto& m : made)
+      if (m.first == si) return;
+    made.emplace_back(si, fresh.size());
+    auto slot = c10::make_intrusive<Slot>(t.storage());
+    nbytes.append(static_cast<int64_t>(si->nbytes()));
+    values.append(Value{slot});
+    fresh.push_back(Fresh{k, elem, std::move(slot)});
+  };
+  for (size_t k = 0; k < nout; ++k) {
+    const IValue& v = (*stack)[base + k];
+    if (v.isTensor()) classify(v.toTensor(), k, -1);
+    else if (v.isTensorList()) {
+      auto l = v.toTensorList();
+      for (size_t e = 0; e < l.size(); ++e) classify(l.get(e), k, static_cast<int64_t>(e));
+    }
+  }
+  if (!fresh.empty() && !known) {
+    ++g_cost_misses;
+    py::list pout;
+    for (size_t k = 0; k < nout; ++k) pout.append(torch::jit::toPyObject((*stack)[base + k]));
+    cost = g_py->cost(f.name, pin, pout).cast<double>();
+    if (cacheable) g_costs.emplace(std::move(key), cost);
+  }
+  // a recipe when it made storages and can run again: not random with a generator of its own, not an op
+  // with a side effect, not a write (written inputs are pinned by the core: NOTE [ Native front end ] 5)
+  const bool replayable = !fresh.empty() && f.replayable && !opaque && !f.writes && !f.unannotated;
+  py::object recipe = py::none();
+  if (replayable) {
+    for (auto& fr : fresh) rec->outs.push_back(Out{fr.ret, fr.elem, fr.slot});  // fr.ret: index into the returns
+    recipe = py::cast(rec.release(), py::return_value_policy::take_ownership);
+  }
+  py::list read;
+  if (replayable)
+    for (auto* si : reads) {
+      auto it = g_seen.find(si);
+      if (it != g_seen.end() && !it->second.read) it->second.read = true;
+      read.append(reinterpret_cast<intptr_t>(si));
+    }
+  py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read);
+  // wrap: fresh outputs get a buffer each, views and aliases of managed inputs the input's buffer
+  std::vector<c10::intrusive_ptr<Buffer>> buffers;
+  for (size_t j = 0; j < fresh.size(); ++j) {
+    PyObject* st = storages[j].ptr();
+    Py_INCREF(st);
+    buffers.push_back(c10::make_intrusive<Buffer>(fresh[j].slot, st));
+  }
+  auto wrap = [&](const at::Tensor& t, size_t k) -> at::Tensor {
+    if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return t;
+    if (f.returns[k] && f.returns[k]->isWrite()) return t;  // the input itself, written
+    const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+    for (Handle* h : handles)
+      if (h->buffer->slot->storage.unsafeGetStorageImpl() == si)
+        return make_handle(t, c10::intrusive_ptr<Buffer>::reclaim_copy(h->buffer.get()));
+    for (auto& m : made)
+      if (m.first == si) return make_handle(t, buffers[m.second]);
+    return t;
+  };
+  for (size_t k = 0; k < nout; ++k) {
+    IValue& v = (*stack)[base + k];
+    if (v.isTensor()) {
+      v = wrap(v.toTensor(), k);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(wrap(t, k));
+      v = l;
+    }
+  }
+}
+
+void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+  const DispatchKeySet below = below_of(ks);
+  if (g_depth > 0) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  const Facts& f = facts(op);
+  const size_t start = stack->size() - f.written.size();
+  bool tagged = false, grad = false;
+  for (size_t i = start; i < stack->size() && !tagged; ++i)
+    each_tensor((*stack)[i], [&](const at::Tensor& t) {
+      if (handle_of(t)) tagged = true;
+      else if (t.requires_grad()) grad = true;
+    });
+  if (!tagged && !(grad && at::GradMode::is_enabled())) {
+    ++g_plain;
+    if (f.writes && !g_seen.empty()) {
+      py::gil_scoped_acquire gil;
+      Lock lock;
+      if (g_py->active) plain_writes(op, f, stack, start);
+    }
+    run_below(op, below, stack);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  Lock lock;
+  if (!g_py->active && !g_py->closed) {  // no session: run as plain PyTorch would
+    run_below(op, below, stack);
+    return;
+  }
+  managed(op, f, below, stack, start);
+}
+
+void strip(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+  op.redispatchBoxed(ks.remove_backend(BackendComponent::PrivateUse1Bit), stack);
+}
+
+std::unique_ptr<torch::Library> g_lib, g_other;
+
+// Every aten op gets the kernel for PrivateUse1 (composite kernels registered for all backends would otherwise
+// run instead of a fallback), and for the other per-backend functionalities (sparse, quantized, nested) one that
+// takes the bit away again, so that the TLS bit changes nothing for tensors of those layouts.
+int64_t claim() {
+  if (g_lib) return 0;
+  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                           __LINE__);
+  g_other = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
+  int64_t n = 0;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      continue;
+    std::string full = name.name.substr(6);
+    if (!name.overload_name.empty()) full += "." + name.overload_name;
+    g_lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+    for (auto k : {c10::DispatchKey::SparsePrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1,
+                   c10::DispatchKey::QuantizedPrivateUse1, c10::DispatchKey::NestedTensorPrivateUse1})
+      if (!op->hasKernelForDispatchKey(k))
+        g_other->impl(full.c_str(), k, torch::CppFunction::makeFromBoxedFunction<&strip>());
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>()); }
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
+
+namespace {
+
+void start(py::object session, int64_t budget) {
+  Lock lock;
+  g_py->session = session;
+  g_py->before = session.attr("before");
+  g_py->ran = session.attr("ran");
+  g_py->cost = session.attr("cost");
+  g_py->written = session.attr("written");
+  g_py->budget = budget;
+  g_py->active = true;
+  g_py->closed = false;
+}
+
+void stop() {  // the session stays reachable, closed: values the program holds come back without a budget
+  Lock lock;
+  g_py->active = false;
+  g_py->closed = true;
+  g_py->budget = -1;
+}
+
+void forget() {  // the session is gone
+  Lock lock;
+  g_py->active = g_py->closed = false;
+  g_py->session = g_py->before = g_py->ran = g_py->cost = g_py->written = py::none();
+  g_seen.clear();
+}
+
+void set_budget(int64_t b) { g_py->budget = b; }
+void attach(bool on) { c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PrivateUse1, on); }
+bool attached() { return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::PrivateUse1); }
+
+bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
+
+py::object storage_of(const at::Tensor& t) {
+  Handle* h = handle_of(t);
+  if (!h) return py::none();
+  return py::reinterpret_borrow<py::object>(h->buffer->storage);
+}
+
+// A plain tensor with t's value, sharing its memory (the storage is pinned by the caller, in the core).
+at::Tensor plain(const at::Tensor& t) {
+  Handle* h = handle_of(t);
+  if (!h) return t;
+  TORCH_CHECK(h->buffer->slot->resident(), "torch_dtr native: plain() of an evicted value (bring it back first)");
+  h->buffer->slot->shared = true;
+  auto r = at::empty({0}, t.options());
+  {
+    Below b;
+    r.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  }
+  return r;
+}
+
+py::list dead() { return take_dead(); }
+
+std::unordered_map<std::string, int64_t> counters() {
+  return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
+          {"random_states", g_rng}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
+          {"constants_seen", static_cast<int64_t>(g_seen.size())}};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Value>(m, "Value").def("drop", [](Value& v) { v.slot->drop(); })
+      .def_property_readonly("nbytes", [](Value& v) { return v.slot->storage.nbytes(); })
+      .def_property_readonly("resident", [](Value& v) { return v.slot->resident(); });
+  py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, py::args) { return r.call(); });
+  m.def("claim", &claim);
+  m.def("start", &start);
+  m.def("stop", &stop);
+  m.def("forget", &forget);
+  m.def("set_budget", &set_budget);
+  m.def("attach", &attach);
+  m.def("attached", &attached);
+  m.def("is_managed", &is_managed);
+  m.def("storage_of", &storage_of);
+  m.def("plain", &plain);
+  m.def("dead", &dead);
+  m.def("counters", &counters);
+}

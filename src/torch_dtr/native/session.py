@@ -1,0 +1,163 @@
+"""The Python half of the compiled front end: the core runtime and the calls the C++ kernel makes into it.
+
+Every decision is the core's (``torch_dtr.core.Runtime``, the one the simulator drives): this module only
+translates. The kernel (front.cpp) calls ``before`` ahead of an op when the op needs the core first (an
+evicted input, a budget to reserve against, handle deaths to drop, new constants, a managed input it writes),
+and ``ran`` after it. NOTE [ Native front end ] in ``__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..core import Memory, Op, Runtime, Storage
+from ..core.policies import Policy
+from ..eager.costs import model_cost
+
+# Recipes that read a constant die with their outputs; the lists of readers are pruned now and then.
+_PRUNE = 64
+
+
+class NativeMemory(Memory):
+    """The core's byte count, which also frees a storage's data when the core stops counting it (evicted or
+    released): the handles keep the StorageImpl, without data (NOTE [ Native front end ] 2)."""
+
+    __slots__ = ()
+
+    def free(self, s: Storage) -> None:
+        super().free(s)
+        p = s.payload
+        if p is not None:
+            p.drop()
+
+
+class Session:
+    """One native session: the core runtime and the C++ kernel's calls into it."""
+
+    def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int) -> None:
+        self.ext = ext
+        self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True)
+        self.readers: dict[int, list[Op]] = {}  # a constant's StorageImpl address -> recipes that read it
+        self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
+        self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
+        self.hooked: set[int] = set()
+
+    # ------------------------------------------------------------------ called by the kernel
+    def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
+               writes: list[Storage]) -> list[Storage]:
+        """Ahead of an op: drop the handles that died, count new constants, make the inputs resident and lock
+        them, pin what the op writes in place, and reserve ``need`` bytes. Returns the locked storages."""
+        rt = self.rt
+        for s in dead:
+            rt.drop_ref(s)
+        for t, key, nbytes in consts:
+            self._see(t, key, nbytes, name)
+        held = rt.acquire(ins) if ins else []
+        try:
+            for s in writes:  # NOTE [ Native front end ] 5: a managed value written in place
+                self._overwritten(s, name)
+            if rt.budget is not None:
+                rt.reserve(need, name)
+        except BaseException:
+            rt.release(held)
+            raise
+        return held
+
+    def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
+            held: list[Storage] | None, read: list[int]) -> list[Storage]:
+        """After an op: advance the clock, record the recipe, count the new storages (one handle group each)."""
+        rt = self.rt
+        try:
+            if not nbytes:  # views and in-place returns only: no clock advance (as eager/front.py)
+                rt.ran(ins, 0.0, None, name)
+                return []
+            op = rt.ran(ins, cost, recipe, name)
+            outs = [rt.output(op, n, v) for n, v in zip(nbytes, values, strict=True)]
+            for s in outs:
+                s.refs = 1
+            if op is not None and read:
+                readers = self.readers
+                for key in read:
+                    lst = readers.get(key)
+                    if lst is None:
+                        readers[key] = [op]
+                    else:
+                        lst.append(op)
+                        if len(lst) > _PRUNE and len(lst) & (len(lst) - 1) == 0:  # at powers of two
+                            lst[:] = [o for o in lst if o.compute is not None]
+        finally:
+            if held:
+                rt.release(held)
+        if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
+            rt.reserve(0, name)
+        return outs
+
+    def release(self, held: list[Storage]) -> None:
+        self.rt.release(held)
+
+    def cost(self, name: str, args: list[Any], outs: list[Any]) -> float:
+        """The modelled cost of an op (NOTE [ Modelled costs ]); the kernel caches it per call signature."""
+        func = self.funcs.get(name)
+        if func is None:
+            _, packet, overload = name.split(".")
+            func = self.funcs[name] = getattr(getattr(torch.ops.aten, packet), overload)
+        schema = func._schema.arguments
+        pos = [a for a, s in zip(args, schema, strict=False) if not s.kwarg_only]
+        kw = {s.name: a for a, s in zip(args, schema, strict=False) if s.kwarg_only}
+        flat = []
+        for o in outs:
+            flat.extend(o if isinstance(o, (list, tuple)) else [o])
+        with torch.utils._python_dispatch._disable_current_modes():
+            return model_cost(func, tuple(pos), kw, flat, "cpu")
+
+    def written(self, keys: list[int], name: str) -> None:
+        """A constant that recipes read is about to be written (NOTE [ Changed constants ] 2)."""
+        rt = self.rt
+        ops = [op for k in keys for op in self.readers.pop(k, ()) if op.compute is not None]
+        if ops:
+            rt.rescue(ops)
+            rt.invalidate(ops, f"{name} wrote a constant it was computed from (an optimizer step, a write through "
+                               f".data), so recomputing it would give another value")
+
+    def constants_died(self, gone: list[tuple[int, int]]) -> None:
+        for key, nbytes in gone:
+            if self.consts.pop(key, None) is not None:
+                self.rt.remove_constant(nbytes)
+            self.readers.pop(key, None)
+
+    # ------------------------------------------------------------------ helpers
+    def _see(self, t: torch.Tensor, key: int, nbytes: int, where: str) -> None:
+        if key not in self.consts:
+            self.rt.add_constant(nbytes, where)
+            self.consts[key] = nbytes
+        if t.requires_grad and t.is_leaf and id(t) not in self.hooked:
+            # gradients accumulated into a plain leaf come back plain (NOTE [ Managed vs constant ] 4)
+            self.hooked.add(id(t))
+            t.register_post_accumulate_grad_hook(self._plain_grad)
+
+    def _plain_grad(self, p: torch.Tensor) -> None:
+        g = p.grad
+        if g is not None and self.ext.is_managed(g):
+            p.grad = self.unwrap(g)
+
+    def unwrap(self, t: torch.Tensor) -> torch.Tensor:
+        """A plain tensor sharing ``t``'s memory; its storage is pinned (never evicted again)."""
+        s = self.ext.storage_of(t)
+        if s is None:
+            return t
+        rt = self.rt
+        if not s.resident:
+            rt.rematerialize(s)
+        rt.pin(s)
+        return self.ext.plain(t)
+
+    def _overwritten(self, s: Storage, name: str) -> None:
+        """``s`` is about to be written in place: its readers' recipes and its own can no longer run."""
+        rt = self.rt
+        ops = [op for op in s.children if op.compute is not None]
+        if ops:
+            rt.rescue(ops)
+            rt.invalidate(ops, f"{name} wrote in place a value it was computed from")
+        rt.pin(s)
