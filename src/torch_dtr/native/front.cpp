@@ -305,6 +305,20 @@ struct Out {  // where a recipe's output goes: the return index, the list elemen
   SlotPtr slot;
 };
 
+c10::Storage empty_like_storage(const c10::Storage& s) {  // same size and allocator, no data (evicted)
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), s.nbytes(),
+                                                            c10::DataPtr(nullptr, s.device()), s.allocator(), false));
+}
+
+c10::Storage copy_of(const c10::Storage& s) {  // a copy of a storage's bytes
+  Below b;
+  const auto n = static_cast<int64_t>(s.nbytes());
+  auto opts = at::TensorOptions().dtype(at::kByte).device(s.device());
+  auto copy = at::empty({n}, opts);
+  copy.copy_(at::empty({0}, opts).set_(s, 0, {n}, {1}));
+  return copy.storage();
+}
+
 struct Replay {  // RNG replay: the op draws what it drew the first time; the generator is left as it was
   at::Generator gen;
   at::Tensor saved;
@@ -336,18 +350,32 @@ struct Recipe {
   std::vector<uint8_t> kinds;              // per argument: 0 as is, 1 tensor, 2 tensor list, 3 optional tensor list
   std::vector<Input> inputs;
   std::vector<Out> outs;
+  int64_t written = -1;  // a write (NOTE [ Native front end ] 5): the input written; its new value is outs[0]
   at::Tensor rng;
   c10::Device rng_device = c10::Device(c10::kCPU);
   explicit Recipe(c10::OperatorHandle o) : op(std::move(o)) {}
 
   // Runs the op again (the core calls this only with every input resident) and moves each missing output's
-  // data into its slot; one Value per output, in order.
-  py::list call() {
+  // data into its slot; one Value per output, in order. A write replays on a copy of the value written over,
+  // or on that value itself when the core lends it (``lend``: nothing else needs it).
+  py::list call(const py::args& lend) {
     torch::jit::Stack stack;
-    std::vector<at::Tensor> keep;
+    c10::Storage target;
+    if (written >= 0) {
+      const SlotPtr& old = inputs[written].slot;
+      TORCH_INTERNAL_ASSERT(old->resident(), "torch_dtr native: a write replayed over an evicted value");
+      bool lent = false;
+      for (const auto& l : lend)
+        for (const auto& st : l.cast<py::list>()) {
+          py::object p = st.attr("payload");
+          if (!p.is_none() && p.cast<Value&>().slot.get() == old.get()) lent = true;
+        }
+      target = lent ? old->storage : copy_of(old->storage);
+    }
     auto input = [&](size_t k) -> at::Tensor {
       const Input& in = inputs[k];
       if (!in.slot) return in.plain;
+      if (static_cast<int64_t>(k) == written) return view_of(target, in);
       TORCH_INTERNAL_ASSERT(in.slot->resident(), "torch_dtr native: a recipe ran with an evicted input");
       return view_of(in.slot->storage, in);
     };
@@ -379,6 +407,15 @@ struct Recipe {
     }
     ++g_replays;
     py::list values;
+    if (written >= 0) {
+      const Out& o = outs[0];
+      c10::StorageImpl* into = o.slot->storage.unsafeGetStorageImpl();
+      c10::StorageImpl* from = target.unsafeGetStorageImpl();
+      if (!o.slot->resident() && from != into)
+        into->set_data_ptr_noswap(from->set_data_ptr(c10::DataPtr(nullptr, from->device())));
+      values.append(Value{o.slot});
+      return values;
+    }
     for (const Out& o : outs) {
       const IValue& v = stack[o.ret];
       at::Tensor t = o.elem < 0 ? v.toTensor() : v.toTensorList().get(o.elem);
@@ -467,6 +504,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   rec->kinds.resize(nin);
   py::list ins, writes, fresh_consts;
   std::vector<Handle*> handles;
+  std::vector<std::pair<Handle*, size_t>> wrote;  // managed inputs written in place: handle, input index
   std::vector<const c10::StorageImpl*> reads;  // constants the recipe reads
   bool evicted = false, opaque = false;
   auto note = [&](const at::Tensor& t, size_t i) {
@@ -502,7 +540,14 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     handles.push_back(h);
     ins.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
     if (!h->buffer->slot->resident()) evicted = true;
-    if (f.written[i]) writes.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
+    if (f.written[i]) {
+      bool again = false;
+      for (auto& w : wrote) again |= w.first->buffer.get() == h->buffer.get();
+      if (!again) {
+        writes.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
+        wrote.emplace_back(h, rec->inputs.size());
+      }
+    }
     rec->inputs.push_back(Input{h->buffer->slot, {}, t.options(), t.sizes().vec(), t.strides().vec(),
                                 t.storage_offset()});
   };
@@ -548,6 +593,21 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (evicted || g_py->budget >= 0 || fresh_consts.size() || writes.size() || dead || g_py->closed) {
     ++g_calls;
     held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes);
+  }
+  // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
+  // gets a recipe that replays the write, the old one keeps its own; "copy": the old value, which cannot be
+  // recomputed but is read, stays in a copy; "plain": nothing needs the old value; "pin": more than one)
+  std::string mode;
+  py::object old_storage;
+  if (writes.size()) {
+    auto t = held.cast<py::tuple>();
+    mode = t[1].cast<std::string>();
+    held = t[0];
+    old_storage = writes[0];
+  }
+  if (mode == "copy") {
+    Slot* old = wrote[0].first->buffer->slot.get();
+    old->storage = copy_of(old->storage);
   }
   if (g_py->closed) {  // after disable(): values come back without a budget, outputs stay plain
     run_below(op, below, stack);
@@ -626,9 +686,25 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   // a recipe when it made storages and can run again: not random with a generator of its own, not an op
   // with a side effect, not a write (written inputs are pinned by the core: NOTE [ Native front end ] 5)
-  const bool replayable = !fresh.empty() && f.replayable && !opaque && !f.writes && !f.unannotated;
+  SlotPtr new_slot;
+  py::object new_value = py::none();
+  if (mode == "version" || mode == "copy") {
+    Buffer* b = wrote[0].first->buffer.get();
+    new_slot = c10::make_intrusive<Slot>(mode == "copy" ? c10::Storage(wrote[0].first->storage())
+                                                           : b->slot->storage);
+    if (mode == "version") b->slot->storage = empty_like_storage(b->slot->storage);  // the old value: evicted
+    b->slot = new_slot;
+    new_value = py::cast(Value{new_slot});
+  }
+  const bool writing = mode == "version" || mode == "copy";
+  const bool replayable = (writing ? fresh.empty() : !fresh.empty() && !f.writes) && f.replayable && !opaque &&
+                          !f.unannotated;
   py::object recipe = py::none();
   if (replayable) {
+    if (writing) {
+      rec->written = static_cast<int64_t>(wrote[0].second);
+      rec->outs.push_back(Out{0, -1, new_slot});
+    }
     for (auto& fr : fresh) rec->outs.push_back(Out{fr.ret, fr.elem, fr.slot});  // fr.ret: index into the returns
     recipe = py::cast(rec.release(), py::return_value_policy::take_ownership);
   }
@@ -639,11 +715,27 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       if (it != g_seen.end() && !it->second.read) it->second.read = true;
       read.append(reinterpret_cast<intptr_t>(si));
     }
-  py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read);
+  if (writing && cost == 0 && !known) {  // a write's cost (fresh outputs set it above)
+    ++g_cost_misses;
+    py::list pout;
+    for (size_t k = 0; k < nout; ++k) pout.append(torch::jit::toPyObject((*stack)[base + k]));
+    cost = g_py->cost(f.name, pin, pout).cast<double>();
+    if (cacheable) g_costs.emplace(key, cost);
+  }
+  py::object wrote_arg = py::none();
+  if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
+  py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg);
+  if (writing) {  // the handles now name the new version
+    Buffer* b = wrote[0].first->buffer.get();
+    py::object fresh_storage = storages[storages.size() - 1];
+    Py_INCREF(fresh_storage.ptr());
+    Py_DECREF(b->storage);
+    b->storage = fresh_storage.ptr();
+  }
   // wrap: fresh outputs get a buffer each, views and aliases of managed inputs the input's buffer
   std::vector<c10::intrusive_ptr<Buffer>> buffers;
   for (size_t j = 0; j < fresh.size(); ++j) {
-    PyObject* st = storages[j].ptr();
+    PyObject* st = storages[j].ptr();  // (a write's new version, if any, comes last)
     Py_INCREF(st);
     buffers.push_back(c10::make_intrusive<Buffer>(fresh[j].slot, st));
   }
@@ -812,7 +904,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Value>(m, "Value").def("drop", [](Value& v) { v.slot->drop(); })
       .def_property_readonly("nbytes", [](Value& v) { return v.slot->storage.nbytes(); })
       .def_property_readonly("resident", [](Value& v) { return v.slot->resident(); });
-  py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, py::args) { return r.call(); });
+  py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, const py::args& lend) { return r.call(lend); });
   m.def("claim", &claim);
   m.def("start", &start);
   m.def("stop", &stop);

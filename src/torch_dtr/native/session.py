@@ -46,37 +46,56 @@ class Session:
 
     # ------------------------------------------------------------------ called by the kernel
     def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
-               writes: list[Storage]) -> list[Storage]:
+               writes: list[Storage]) -> Any:
         """Ahead of an op: drop the handles that died, count new constants, make the inputs resident and lock
-        them, pin what the op writes in place, and reserve ``need`` bytes. Returns the locked storages."""
+        them, decide how the op's in-place write is kept (NOTE [ Native front end ] 5), and reserve ``need``
+        bytes. Returns the locked storages, and with ``writes`` the way the write is kept."""
         rt = self.rt
         for s in dead:
             rt.drop_ref(s)
         for t, key, nbytes in consts:
             self._see(t, key, nbytes, name)
         held = rt.acquire(ins) if ins else []
+        mode = ""
         try:
-            for s in writes:  # NOTE [ Native front end ] 5: a managed value written in place
-                self._overwritten(s, name)
+            if len(writes) == 1:  # as eager/front.py: a new version, or a copy when the old value cannot be
+                s = writes[0]     # recomputed but recipes read it (NOTE [ In-place mutation ] 1-3)
+                mode = "version" if s.recomputable else "copy" if s.deps else "plain"
+                if mode == "copy":
+                    need += s.nbytes
+            elif writes:
+                mode = "pin"
+                for s in writes:
+                    self._overwritten(s, name)
             if rt.budget is not None:
                 rt.reserve(need, name)
         except BaseException:
             rt.release(held)
             raise
-        return held
+        return (held, mode) if writes else held
 
     def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
-            held: list[Storage] | None, read: list[int]) -> list[Storage]:
-        """After an op: advance the clock, record the recipe, count the new storages (one handle group each)."""
+            held: list[Storage] | None, read: list[int], wrote: tuple | None = None) -> list[Storage]:
+        """After an op: advance the clock, record the recipe, count the new storages (one handle group each);
+        ``wrote``: (the storage written in place, how it is kept, the new value's payload). The new version,
+        if any, comes last."""
         rt = self.rt
         try:
-            if not nbytes:  # views and in-place returns only: no clock advance (as eager/front.py)
+            mode = wrote[1] if wrote is not None else ""
+            if not nbytes and mode not in ("version", "copy"):  # views, plain writes: no clock advance
                 rt.ran(ins, 0.0, None, name)
                 return []
-            op = rt.ran(ins, cost, recipe, name)
+            old = wrote[0] if wrote is not None else None
+            op = rt.ran(ins, cost, recipe, name, (old,) if mode == "version" else ())
             outs = [rt.output(op, n, v) for n, v in zip(nbytes, values, strict=True)]
             for s in outs:
                 s.refs = 1
+            if mode == "version":  # the new value takes over the buffer (and the handles); the old one is evicted
+                new = rt.new_version(old, op)
+                new.payload = wrote[2]
+                outs.append(new)
+            elif mode == "copy":  # the old value stays resident in its copy
+                outs.append(rt.new_version(old, op, wrote[2]))
             if op is not None and read:
                 readers = self.readers
                 for key in read:
