@@ -34,7 +34,12 @@ using c10::IValue;
 thread_local int g_depth = 0;  // > 0: ops run by a kernel or a recipe, not the program's
 std::recursive_mutex g_mutex;
 std::mutex g_dead_mutex;
-std::vector<PyObject*> g_dead;  // core Storages whose last handle died (strong references)
+// core Storages whose last handle died (strong references), with their session's number
+std::vector<std::pair<int64_t, PyObject*>> g_dead;
+// every session started in this process, by number (kept: handles made under one may outlive it, and their
+// deaths and recomputations are its core's business)
+std::vector<py::object>* g_sessions = new std::vector<py::object>();
+int64_t g_epoch = -1;  // the current session's number
 
 struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   py::object session, before, ran, cost, written, see;
@@ -63,10 +68,11 @@ struct Value {  // the core's payload of a resident storage
 struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule 3)
   SlotPtr slot;
   PyObject* storage;  // the core's Storage (a strong reference)
-  Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st) {}
+  int64_t epoch;      // the session whose core keeps it
+  Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st), epoch(g_epoch) {}
   ~Buffer() override {
     std::lock_guard<std::mutex> lock(g_dead_mutex);
-    g_dead.push_back(storage);
+    g_dead.emplace_back(epoch, storage);
   }
 };
 
@@ -124,6 +130,10 @@ struct Facts {  // per operator, read once from its schema
   std::vector<bool> written;
   std::vector<const c10::AliasInfo*> returns;
   bool random = false, writes = false, replayable = true, unannotated = false;
+  // batch norm's running statistics (argument positions), written in training mode without the schema saying
+  // so, and the position of its `training` flag (-1: none): NOTE [ In-place mutation ] 4 and 6
+  std::vector<size_t> stats;
+  int64_t training = -1;
   py::object name, overload;  // for the core's messages and the cost model
 };
 
@@ -135,6 +145,8 @@ const Facts& facts(const c10::OperatorHandle& op) {
   Facts f;
   for (const auto& a : schema.arguments()) {
     bool w = a.alias_info() && a.alias_info()->isWrite();
+    if (!w && (a.name() == "running_mean" || a.name() == "running_var")) f.stats.push_back(f.written.size());
+    if (a.name() == "training") f.training = static_cast<int64_t>(f.written.size());
     f.written.push_back(w);
     f.writes |= w;
     if (a.type()->kind() == c10::TypeKind::OptionalType &&
@@ -288,7 +300,6 @@ struct Seen {
   bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
 };
 std::unordered_map<const c10::StorageImpl*, Seen> g_seen;
-int64_t g_sweep = 0;
 
 // ------------------------------------------------------------------ recipes
 struct Input {  // a recipe's tensor argument: a managed storage and the view of it that was read, or a plain tensor
@@ -297,6 +308,8 @@ struct Input {  // a recipe's tensor argument: a managed storage and the view of
   at::TensorOptions opts;
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
+  int64_t version = -1;  // a plain tensor's version counter when recorded (-1: not checked)
+  bool scratch = false;  // written by the op (running statistics in training mode): a replay writes a clone
 };
 
 struct Out {  // where a recipe's output goes: the return index, the list element (-1: none), its slot
@@ -374,7 +387,16 @@ struct Recipe {
     }
     auto input = [&](size_t k) -> at::Tensor {
       const Input& in = inputs[k];
-      if (!in.slot) return in.plain;
+      if (!in.slot) {
+        if (in.scratch) return in.plain.clone();
+        // NOTE [ In-place mutation ] 5: a constant changed since (a write the front end did not see)
+        TORCH_CHECK(in.version < 0 || in.plain.unsafeGetTensorImpl()->version_counter().current_version() ==
+                                           static_cast<uint32_t>(in.version),
+                    "torch_dtr native: ", op.schema().name(), " cannot be recomputed: a tensor it read was written "
+                    "in place since (a write torch-dtr did not see, e.g. with dispatch disabled); recomputing would "
+                    "give another value");
+        return in.plain;
+      }
       if (static_cast<int64_t>(k) == written) return view_of(target, in);
       TORCH_INTERNAL_ASSERT(in.slot->resident(), "torch_dtr native: a recipe ran with an evicted input");
       return view_of(in.slot->storage, in);
@@ -443,14 +465,18 @@ struct Lock {
   }
 };
 
-py::list take_dead() {
-  std::vector<PyObject*> dead;
+py::list take_dead() {  // the current session's; an earlier session's go to it at once
+  std::vector<std::pair<int64_t, PyObject*>> dead;
   {
     std::lock_guard<std::mutex> lock(g_dead_mutex);
     dead.swap(g_dead);
   }
   py::list out;
-  for (PyObject* o : dead) out.append(py::reinterpret_steal<py::object>(o));
+  for (auto& [e, o] : dead) {
+    auto st = py::reinterpret_steal<py::object>(o);
+    if (e == g_epoch) out.append(st);
+    else (*g_sessions)[e].attr("dropped")(py::make_tuple(st));
+  }
   return out;
 }
 
@@ -494,9 +520,38 @@ void plain_writes(const c10::OperatorHandle& op, const Facts& f, torch::jit::Sta
   if (hit.size()) g_py->written(hit, f.name);
 }
 
+// A handle made under an earlier session is a constant here: its value (brought back by that session's core
+// and pinned there), as eager/front.py treats a tensor of an earlier enable().
+at::Tensor settle(const at::Tensor& t) {
+  Handle* h = handle_of(t);
+  if (!h || h->buffer->epoch == g_epoch) return t;
+  return (*g_sessions)[h->buffer->epoch].attr("unwrap")(t).cast<at::Tensor>();
+}
+
+void settle_all(torch::jit::Stack* stack, size_t start) {
+  for (size_t i = start; i < stack->size(); ++i) {
+    IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      if (handle_of(v.toTensor())) v = settle(v.toTensor());
+    } else if (v.isTensorList()) {
+      bool old = false;
+      for (const at::Tensor& t : v.toTensorList()) {
+        Handle* h = handle_of(t);
+        old |= h && h->buffer->epoch != g_epoch;
+      }
+      if (old) {
+        c10::List<at::Tensor> l;
+        for (const at::Tensor& t : v.toTensorList()) l.push_back(settle(t));
+        v = l;
+      }
+    }
+  }
+}
+
 void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below, torch::jit::Stack* stack,
              size_t start) {
   const size_t nin = f.written.size();
+  if (g_epoch >= 1) settle_all(stack, start);
   auto rec = std::make_unique<Recipe>(op);
   rec->keys = below;
   rec->args.reserve(nin);
@@ -507,12 +562,23 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   std::vector<std::pair<Handle*, size_t>> wrote;  // managed inputs written in place: handle, input index
   std::vector<const c10::StorageImpl*> reads;  // constants the recipe reads
   bool evicted = false, opaque = false;
+  const bool training = f.training >= 0 && (*stack)[start + f.training].isBool() && (*stack)[start + f.training].toBool();
   auto note = [&](const at::Tensor& t, size_t i) {
     rec->slots[i].push_back(rec->inputs.size());
     Handle* h = handle_of(t);
     if (!h) {
-      rec->inputs.push_back(Input{{}, t, {}, {}, {}, 0});
-      if (t.has_storage() && t.layout() == c10::kStrided && t.device().type() != c10::kMeta) {
+      Input in{{}, t, {}, {}, {}, 0};
+      const bool stat = std::find(f.stats.begin(), f.stats.end(), i) != f.stats.end();
+      if (stat && training) in.scratch = true;  // rule 4: a replay must not update the statistics again
+      else if (stat) {                          // rule 6: eval mode reads them: the recipe keeps its own copy
+        Below b;
+        in.plain = t.clone();
+      }
+      else if (!t.is_inference()) in.version = t.unsafeGetTensorImpl()->version_counter().current_version();
+      rec->inputs.push_back(std::move(in));
+      // (a wrapped number, `x * 0.5`'s scalar, is not a constant: a Python dispatch mode sees a number there)
+      if (t.has_storage() && t.layout() == c10::kStrided && t.device().type() != c10::kMeta &&
+          !t.unsafeGetTensorImpl()->is_wrapped_number()) {
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
         const auto n = static_cast<int64_t>(si->nbytes());
         if (n) {
@@ -585,12 +651,15 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   int64_t need = 0;
   if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr);
   const bool dead = dead_pending();
-  if (++g_sweep % 256 == 0) {
+  // constants whose last tensor died since the last managed op (eager/front.py learns of each death from a weak
+  // reference's callback before its next op; the byte counts, and so the peak, must agree)
+  if (!g_seen.empty()) {
     py::list gone = swept_constants();
     if (gone.size()) g_py->session.attr("constants_died")(gone);
   }
   py::object held = py::none();
-  if (evicted || g_py->budget >= 0 || fresh_consts.size() || writes.size() || dead || g_py->closed) {
+  // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
+  if (evicted || g_py->budget >= 0 || fresh_consts.size() || writes.size() || g_py->closed) {
     ++g_calls;
     held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes);
   }
@@ -644,6 +713,12 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     throw;
   }
   ++g_ops;
+  for (auto& in : rec->inputs)  // a plain tensor the op wrote (an `out=` argument): a replay writes a clone
+    if (!in.slot && in.version >= 0 &&
+        in.plain.unsafeGetTensorImpl()->version_counter().current_version() != static_cast<uint32_t>(in.version)) {
+      in.version = -1;
+      in.scratch = true;
+    }
   // outputs: fresh storages get slots; views and aliases of a managed input share its buffer
   const size_t nout = f.returns.size();
   const size_t base = stack->size() - nout;
@@ -724,7 +799,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
-  py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg);
+  py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
+                                dead ? take_dead() : py::list());
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first->buffer.get();
     py::object fresh_storage = storages[storages.size() - 1];
@@ -840,6 +916,8 @@ namespace {
 
 void start(py::object session, int64_t budget) {
   Lock lock;
+  g_sessions->push_back(session);
+  g_epoch = static_cast<int64_t>(g_sessions->size()) - 1;
   g_py->session = session;
   g_py->before = session.attr("before");
   g_py->ran = session.attr("ran");

@@ -75,11 +75,14 @@ class Session:
         return (held, mode) if writes else held
 
     def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
-            held: list[Storage] | None, read: list[int], wrote: tuple | None = None) -> list[Storage]:
+            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage]) -> list[Storage]:
         """After an op: advance the clock, record the recipe, count the new storages (one handle group each);
         ``wrote``: (the storage written in place, how it is kept, the new value's payload). The new version,
-        if any, comes last."""
+        if any, comes last. ``dead``: handle groups that died since the last call (dropped first, as if before
+        the op)."""
         rt = self.rt
+        for s in dead:
+            rt.drop_ref(s)
         try:
             mode = wrote[1] if wrote is not None else ""
             if not nbytes and mode not in ("version", "copy"):  # views, plain writes: no clock advance
@@ -115,6 +118,11 @@ class Session:
 
     def release(self, held: list[Storage]) -> None:
         self.rt.release(held)
+
+    def dropped(self, dead: tuple[Storage, ...]) -> None:
+        """Handles of this (earlier) session died while another one runs."""
+        for s in dead:
+            self.rt.drop_ref(s)
 
     def cost(self, name: str, args: list[Any], outs: list[Any]) -> float:
         """The modelled cost of an op (NOTE [ Modelled costs ]); the kernel caches it per call signature."""
