@@ -309,6 +309,7 @@ struct Input {  // a recipe's tensor argument: a managed storage and the view of
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
   int64_t version = -1;  // a plain tensor's version counter when recorded (-1: not checked)
+  bool conj = false, neg = false;  // lazy conjugation and negation bits of the view read
   bool scratch = false;  // written by the op (running statistics in training mode): a replay writes a clone
 };
 
@@ -352,6 +353,8 @@ struct Replay {  // RNG replay: the op draws what it drew the first time; the ge
 at::Tensor view_of(const c10::Storage& s, const Input& in) {
   auto t = at::empty({0}, in.opts);
   t.set_(s, in.offset, in.sizes, in.strides);
+  if (in.conj) t._set_conj(true);
+  if (in.neg) t._set_neg(true);
   return t;
 }
 
@@ -614,8 +617,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
         wrote.emplace_back(h, rec->inputs.size());
       }
     }
-    rec->inputs.push_back(Input{h->buffer->slot, {}, t.options(), t.sizes().vec(), t.strides().vec(),
-                                t.storage_offset()});
+    Input in{h->buffer->slot, {}, t.options(), t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+    in.conj = t.is_conj();
+    in.neg = t.is_neg();
+    rec->inputs.push_back(std::move(in));
   };
   for (size_t i = 0; i < nin; ++i) {
     const IValue& v = (*stack)[start + i];
@@ -871,15 +876,12 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   managed(op, f, below, stack, start);
 }
 
-void strip(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
-  op.redispatchBoxed(ks.remove_backend(BackendComponent::PrivateUse1Bit), stack);
-}
-
 std::unique_ptr<torch::Library> g_lib, g_other;
 
 // Every aten op gets the kernel for PrivateUse1 (composite kernels registered for all backends would otherwise
-// run instead of a fallback), and for the other per-backend functionalities (sparse, quantized, nested) one that
-// takes the bit away again, so that the TLS bit changes nothing for tensors of those layouts.
+// run instead of a fallback), and for the other per-backend functionalities that the TLS bit also selects
+// (sparse, quantized, nested): their ops run on their own kernels below, managed when a managed or grad-requiring
+// strided tensor is among their inputs.
 int64_t claim() {
   if (g_lib) return 0;
   g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
@@ -898,7 +900,7 @@ int64_t claim() {
     for (auto k : {c10::DispatchKey::SparsePrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1,
                    c10::DispatchKey::QuantizedPrivateUse1, c10::DispatchKey::NestedTensorPrivateUse1})
       if (!op->hasKernelForDispatchKey(k))
-        g_other->impl(full.c_str(), k, torch::CppFunction::makeFromBoxedFunction<&strip>());
+        g_other->impl(full.c_str(), k, torch::CppFunction::makeFromBoxedFunction<&kernel>());
     ++n;
   }
   return n;
@@ -907,10 +909,10 @@ int64_t claim() {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>()); }
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
-TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
-TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
-TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&strip>()); }
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>()); }
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>()); }
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>()); }
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&kernel>()); }
 
 namespace {
 

@@ -114,6 +114,8 @@ class Session:
                 rt.release(held)
         if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
             rt.reserve(0, name)
+        if rt.listeners:
+            rt.emit("op", None)
         return outs
 
     def release(self, held: list[Storage]) -> None:
