@@ -30,6 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_dtr
+from torch_dtr import native
 from torch_dtr.bench import workloads
 
 
@@ -100,6 +101,8 @@ def measure(fn: Callable[[], None], repeats: int) -> dict:
             h.remove()
     dispatched, in_step = counter.calls, counter.in_step
     modes = {"plain": None, "no-op mode": "noop", "no budget": "none", "budget above peak": 2 * peak + 2**20}
+    if native.available():  # the compiled front end (torch_dtr.native), the same core
+        modes |= {"native, no budget": ("native", None), "native, budget above peak": ("native", 2 * peak + 2**20)}
     times: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(repeats):  # interleaved: slow drift of the machine hits every mode alike
         for m, budget in modes.items():
@@ -109,6 +112,14 @@ def measure(fn: Callable[[], None], repeats: int) -> dict:
             if budget == "noop":
                 with _Passthrough():
                     times[m].append(_time(fn))
+                continue
+            if isinstance(budget, tuple):
+                native.enable(budget[1])
+                try:
+                    times[m].append(_time(fn))
+                    assert native.stats()["evictions"] == 0
+                finally:
+                    native.disable()
                 continue
             torch_dtr.enable(budget=None if budget == "none" else budget)
             try:
@@ -193,6 +204,17 @@ def main() -> int:
                      f"{r['ratio']['no-op mode']:.2f}x | "
                      f"{r['us_per_op']['no budget']:.1f} | {r['ratio']['no budget']:.2f}x | "
                      f"{r['us_per_op']['budget above peak']:.1f} | {r['ratio']['budget above peak']:.2f}x |")
+    if any("native, no budget" in r["ratio"] for r in results.values()):
+        lines += ["", "The compiled front end (`torch_dtr.native`: the per-op mechanism in C++, the same Python core "
+                  "called once or twice per managed op; docs/native.md), in the same runs:", "",
+                  "| program | no-op mode: us per managed op | torch-dtr no budget | native no budget | ratio | "
+                  "torch-dtr budget above peak | native budget above peak | ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, r in results.items():
+            u, q = r["us_per_op"], r["ratio"]
+            lines.append(f"| {name} | {u['no-op mode']:.1f} | {u['no budget']:.1f} | {u['native, no budget']:.1f} | "
+                         f"{q['native, no budget']:.2f}x | {u['budget above peak']:.1f} | "
+                         f"{u['native, budget above peak']:.1f} | {q['native, budget above peak']:.2f}x |")
     lines += ["", "Where the time goes: cProfile of 5 steps of the small GPT-2 with a budget far above its peak,",
               "per managed op (cProfile's own overhead inflates every figure; read them as shares).", "", prof, ""]
     path = Path(args.out) / "dispatch.md"

@@ -49,9 +49,24 @@ class NativeUnavailable(RuntimeError):
     """The compiled front end could not be built here (no C++ compiler, no ninja): use ``torch_dtr.enable``."""
 
 
-@functools.cache
 def load() -> Any:
-    """Build (on first use, about a minute; then cached by torch) and load the extension."""
+    """Build (on first use, about a minute; then cached by torch) and load the extension; a failure is
+    remembered (raised again without a second try)."""
+    out = _load()
+    if isinstance(out, NativeUnavailable):
+        raise out
+    return out
+
+
+@functools.cache
+def _load() -> Any:
+    try:
+        return _build()
+    except NativeUnavailable as e:
+        return e
+
+
+def _build() -> Any:
     try:
         from torch.utils.cpp_extension import load as build
     except ImportError as e:  # pragma: no cover - torch always has it
