@@ -109,15 +109,31 @@ at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
 }
 
 // ------------------------------------------------------------------ running below
+// The thread's dispatch state with the PrivateUse1 bit in or out (rule 1). c10's tls_set_dispatch_key_included
+// cannot take it out again: removing a per-backend key from a key set removes its functionality (Dense), not
+// its backend bit, which then keeps sending every op of the thread to `kernel` (and, where no kernel is
+// registered, fails). Both are set and cleared here.
+bool attached() {
+  return c10::impl::tls_local_dispatch_key_set().included_.has_backend(BackendComponent::PrivateUse1Bit);
+}
+
+void attach(bool on) {
+  auto local = c10::impl::tls_local_dispatch_key_set();
+  if (on) local.included_ = local.included_ | DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  else local.included_ = local.included_.remove_backend(BackendComponent::PrivateUse1Bit) -
+                         DispatchKeySet(c10::DispatchKey::Dense);
+  c10::impl::_force_tls_local_dispatch_key_set(local);
+}
+
 struct Below {  // ops run inside are not the program's (exception-safe)
   bool was;
-  Below() : was(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::PrivateUse1)) {
+  Below() : was(attached()) {
     ++g_depth;
-    if (was) c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PrivateUse1, false);
+    if (was) attach(false);
   }
   ~Below() {
     --g_depth;
-    if (was) c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PrivateUse1, true);
+    if (was) attach(true);
   }
 };
 
@@ -945,8 +961,6 @@ void forget() {  // the session is gone
 }
 
 void set_budget(int64_t b) { g_py->budget = b; }
-void attach(bool on) { c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PrivateUse1, on); }
-bool attached() { return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::PrivateUse1); }
 
 bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
 
