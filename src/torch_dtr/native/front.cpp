@@ -577,8 +577,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   rec->slots.resize(nin);
   rec->kinds.resize(nin);
   py::list ins, writes, fresh_consts;
-  std::vector<Handle*> handles;
-  std::vector<std::pair<Handle*, size_t>> wrote;  // managed inputs written in place: handle, input index
+  // the managed inputs' buffers, held: the op consumes its stack, which may hold the only reference to an
+  // input (a conjugate view materialized by the conjugate fallback for this call)
+  std::vector<c10::intrusive_ptr<Buffer>> handles;
+  std::vector<std::pair<c10::intrusive_ptr<Buffer>, size_t>> wrote;  // buffers written in place, input index
   std::vector<const c10::StorageImpl*> reads;  // constants the recipe reads
   bool evicted = false, opaque = false;
   const bool training = f.training >= 0 && (*stack)[start + f.training].isBool() && (*stack)[start + f.training].toBool();
@@ -622,15 +624,15 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       }
       return;
     }
-    handles.push_back(h);
+    handles.push_back(h->buffer);
     ins.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
     if (!h->buffer->slot->resident()) evicted = true;
     if (f.written[i]) {
       bool again = false;
-      for (auto& w : wrote) again |= w.first->buffer.get() == h->buffer.get();
+      for (auto& w : wrote) again |= w.first.get() == h->buffer.get();
       if (!again) {
         writes.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
-        wrote.emplace_back(h, rec->inputs.size());
+        wrote.emplace_back(h->buffer, rec->inputs.size());
       }
     }
     Input in{h->buffer->slot, {}, t.options(), t.sizes().vec(), t.strides().vec(), t.storage_offset()};
@@ -695,8 +697,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     held = t[0];
     old_storage = writes[0];
   }
+  c10::Storage written_storage;  // the written buffer's storage: the handles' (before a copy replaces the slot's)
+  if (writes.size()) written_storage = wrote[0].first->slot->storage;
   if (mode == "copy") {
-    Slot* old = wrote[0].first->buffer->slot.get();
+    Slot* old = wrote[0].first->slot.get();
     old->storage = copy_of(old->storage);
   }
   if (g_py->closed) {  // after disable(): values come back without a budget, outputs stay plain
@@ -754,8 +758,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   auto classify = [&](const at::Tensor& t, size_t k, int64_t elem) {
     if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return;
     const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-    for (Handle* h : handles)
-      if (h->buffer->slot->storage.unsafeGetStorageImpl() == si) return;  // a view or the input itself
+    for (auto& b : handles)
+      if (b->slot->storage.unsafeGetStorageImpl() == si) return;  // a view or the input itself
     if (f.returns[k]) return;  // aliases a plain input
     for (auto& m : made)
       if (m.first == si) return;
@@ -785,9 +789,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   SlotPtr new_slot;
   py::object new_value = py::none();
   if (mode == "version" || mode == "copy") {
-    Buffer* b = wrote[0].first->buffer.get();
-    new_slot = c10::make_intrusive<Slot>(mode == "copy" ? c10::Storage(wrote[0].first->storage())
-                                                           : b->slot->storage);
+    Buffer* b = wrote[0].first.get();
+    new_slot = c10::make_intrusive<Slot>(written_storage);
     if (mode == "version") b->slot->storage = empty_like_storage(b->slot->storage);  // the old value: evicted
     b->slot = new_slot;
     new_value = py::cast(Value{new_slot});
@@ -823,7 +826,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
                                 dead ? take_dead() : py::list());
   if (writing) {  // the handles now name the new version
-    Buffer* b = wrote[0].first->buffer.get();
+    Buffer* b = wrote[0].first.get();
     py::object fresh_storage = storages[storages.size() - 1];
     Py_INCREF(fresh_storage.ptr());
     Py_DECREF(b->storage);
@@ -840,9 +843,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return t;
     if (f.returns[k] && f.returns[k]->isWrite()) return t;  // the input itself, written
     const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-    for (Handle* h : handles)
-      if (h->buffer->slot->storage.unsafeGetStorageImpl() == si)
-        return make_handle(t, c10::intrusive_ptr<Buffer>::reclaim_copy(h->buffer.get()));
+    for (auto& b : handles)
+      if (b->slot->storage.unsafeGetStorageImpl() == si) return make_handle(t, b);
     for (auto& m : made)
       if (m.first == si) return make_handle(t, buffers[m.second]);
     return t;
@@ -907,8 +909,12 @@ int64_t claim() {
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
-    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+    // an op decomposed above autograd stays decomposed, unless the backends have kernels of their own for it
+    // (silu_backward: the CPU kernel, not the composite, is what plain PyTorch runs; the results differ in the
+    // last bits)
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+         !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)))
       continue;
     std::string full = name.name.substr(6);
     if (!name.overload_name.empty()) full += "." + name.overload_name;
