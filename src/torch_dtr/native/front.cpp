@@ -47,6 +47,9 @@ struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   int64_t budget = -1;
 };
 Py* g_py = new Py();
+// bytes free under the budget as the core counted them after its last call (-1: not known). An op whose
+// predicted bytes fit skips `before`: the core's reserve would not evict, and its inputs are resident
+int64_t g_room = -1;
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0;
 
 // ------------------------------------------------------------------ records
@@ -682,7 +685,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object held = py::none();
   // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
-  if (evicted || g_py->budget >= 0 || fresh_consts.size() || writes.size() || g_py->closed) {
+  if (evicted || (g_py->budget >= 0 && need > g_room) || fresh_consts.size() || writes.size() || g_py->closed) {
     ++g_calls;
     held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes);
   }
@@ -823,8 +826,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
-  py::list storages = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
-                                dead ? take_dead() : py::list());
+  auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
+                       dead ? take_dead() : py::list()).cast<py::tuple>();
+  py::list storages = out[0];
+  g_room = out[1].cast<int64_t>();
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();
     py::object fresh_storage = storages[storages.size() - 1];
@@ -948,6 +953,7 @@ void start(py::object session, int64_t budget) {
   g_py->cost = session.attr("cost");
   g_py->written = session.attr("written");
   g_py->budget = budget;
+  g_room = -1;
   g_py->active = true;
   g_py->closed = false;
 }
@@ -966,7 +972,11 @@ void forget() {  // the session is gone
   g_seen.clear();
 }
 
-void set_budget(int64_t b) { g_py->budget = b; }
+void set_budget(int64_t b) {
+  g_py->budget = b;
+  g_room = -1;
+}
+void forget_room() { g_room = -1; }
 
 bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
 
@@ -1010,6 +1020,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop);
   m.def("forget", &forget);
   m.def("set_budget", &set_budget);
+  m.def("forget_room", &forget_room);
   m.def("attach", &attach);
   m.def("attached", &attached);
   m.def("is_managed", &is_managed);

@@ -75,7 +75,8 @@ class Session:
         return (held, mode) if writes else held
 
     def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
-            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage]) -> list[Storage]:
+            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage]
+            ) -> tuple[list[Storage], int]:
         """After an op: advance the clock, record the recipe, count the new storages (one handle group each);
         ``wrote``: (the storage written in place, how it is kept, the new value's payload). The new version,
         if any, comes last. ``dead``: handle groups that died since the last call (dropped first, as if before
@@ -87,7 +88,7 @@ class Session:
             mode = wrote[1] if wrote is not None else ""
             if not nbytes and mode not in ("version", "copy"):  # views, plain writes: no clock advance
                 rt.ran(ins, 0.0, None, name)
-                return []
+                return [], self._room()
             old = wrote[0] if wrote is not None else None
             op = rt.ran(ins, cost, recipe, name, (old,) if mode == "version" else ())
             outs = [rt.output(op, n, v) for n, v in zip(nbytes, values, strict=True)]
@@ -116,7 +117,15 @@ class Session:
             rt.reserve(0, name)
         if rt.listeners:
             rt.emit("op", None)
-        return outs
+        return outs, self._room()
+
+    def _room(self) -> int:
+        """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits."""
+        rt = self.rt
+        if rt.budget is None:
+            return -1
+        mem = rt.memory
+        return rt.budget - rt.headroom - mem.tracked - mem.outside
 
     def release(self, held: list[Storage]) -> None:
         self.rt.release(held)
@@ -146,6 +155,7 @@ class Session:
         rt = self.rt
         ops = [op for k in keys for op in self.readers.pop(k, ()) if op.compute is not None]
         if ops:
+            self.ext.forget_room()  # bringing values back takes room
             rt.rescue(ops)
             rt.invalidate(ops, f"{name} wrote a constant it was computed from (an optimizer step, a write through "
                                f".data), so recomputing it would give another value")
@@ -176,6 +186,7 @@ class Session:
         s = self.ext.storage_of(t)
         if s is None:
             return t
+        self.ext.forget_room()
         rt = self.rt
         if not s.resident:
             rt.rematerialize(s)
