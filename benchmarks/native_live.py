@@ -34,27 +34,35 @@ FRONTS = {
 
 
 def _runner(name: str, which: str):
+    """A function that makes a fresh ``run(i)``: the same model, optimizer and batches every time (each session
+    starts from the same weights and optimizer state, and replays the same batches: the LSTM's lengths vary)."""
     size = workloads.SIZES[name][which]
-    model, batches, step = workloads.build(name, size, 4)
-    state = {"i": 0}
 
-    def run() -> float:
-        b = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        t0 = time.perf_counter()
-        step(model, b)
-        return time.perf_counter() - t0
+    def fresh():
+        torch.manual_seed(0)
+        model, batches, step = workloads.build(name, size, 4)
 
-    return run, workloads.describe(name, size)
+        def run(i: int) -> float:
+            torch.manual_seed(i)
+            t0 = time.perf_counter()
+            step(model, batches[i % len(batches)])
+            return time.perf_counter() - t0
+
+        return run
+
+    return fresh, workloads.describe(name, size)
 
 
-def _session(front: str, budget: int | None, run, repeats: int) -> dict:
+def _session(front: str, budget: int | None, fresh, repeats: int) -> dict:
     enable, disable, stats = FRONTS[front]
+    run = fresh()
     enable(budget)
     try:
-        run()  # warm-up: caches, first recipes
-        ts = [run() for _ in range(repeats)]
+        run(0)  # warm-up: caches, first recipes
+        ts = [run(i + 1) for i in range(repeats)]
         s = stats()
+    except torch_dtr.BudgetError:
+        return {"s": float("nan"), "evictions": float("nan"), "remats": float("nan"), "peak": 0}
     finally:
         disable()
     n = repeats + 1
@@ -63,16 +71,17 @@ def _session(front: str, budget: int | None, run, repeats: int) -> dict:
 
 
 def measure(name: str, which: str, repeats: int, fractions: list[float]) -> dict:
-    run, desc = _runner(name, which)
-    run()
-    peaks = {f: _session(f, None, run, 1)["peak"] for f in FRONTS}
+    fresh, desc = _runner(name, which)
+    plain = fresh()
+    plain(0)
+    peaks = {f: _session(f, None, fresh, 1)["peak"] for f in FRONTS}
     rows: dict[str, dict] = {}
     for _ in range(repeats):  # rounds: each setting once per round, so that drift hits all alike
-        rows.setdefault("plain", {"s": []})["s"].append(run())
+        rows.setdefault("plain", {"s": []})["s"].append(plain(1))
         for frac in [None, *fractions]:
             for f in FRONTS:
                 budget = None if frac is None else int(peaks[f] * frac)
-                r = _session(f, budget, run, 1)
+                r = _session(f, budget, fresh, 1)
                 row = rows.setdefault(f"{f} {frac}", {"s": [], "evictions": [], "remats": []})
                 for k in ("s", "evictions", "remats"):
                     row[k].append(r[k])
@@ -109,8 +118,9 @@ def main() -> int:
              f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, torch "
              f"{torch.__version__}. Command: `python benchmarks/native_live.py --which {a.which} --repeats "
              f"{a.repeats} --fractions {a.fractions} --workloads {a.workloads}`.", "",
-             "Step time over plain PyTorch (median of the rounds; each setting one timed step per round after a "
-             "warm-up step in its own session), and evictions and recomputations per step. Budgets are fractions "
+             "Step time over plain PyTorch (median of the rounds; each setting one timed step per round, on the "
+             "same batch, after a warm-up step on another in its own session), and evictions and recomputations "
+             "per step. Budgets are fractions "
              "of the peak each front end counted with no budget. *python*: `torch_dtr.enable`; *native*: "
              "`torch_dtr.native.enable` (docs/native.md).", "",
              "| workload | plain step (ms) | budget | python: ratio | evictions | recomputations | "
@@ -120,9 +130,13 @@ def main() -> int:
         for frac in [None, *fractions]:
             p, n = r["rows"][f"python {frac}"], r["rows"][f"native {frac}"]
             label = "none" if frac is None else f"{frac:.0%} of the peak"
-            lines.append(f"| {name}: {r['desc']} | {r['plain_s'] * 1e3:.1f} | {label} | {p['ratio']:.2f}x | "
-                         f"{p['evictions']:.0f} | {p['remats']:.0f} | {n['ratio']:.2f}x | {n['evictions']:.0f} | "
-                         f"{n['remats']:.0f} |")
+            cells = []
+            for x in (p, n):
+                if x["ratio"] != x["ratio"]:  # NaN: a BudgetError in some round
+                    cells.append("BudgetError | - | -")
+                else:
+                    cells.append(f"{x['ratio']:.2f}x | {x['evictions']:.0f} | {x['remats']:.0f}")
+            lines.append(f"| {name}: {r['desc']} | {r['plain_s'] * 1e3:.1f} | {label} | {cells[0]} | {cells[1]} |")
     path = Path(a.out) / "native-live.md"
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")

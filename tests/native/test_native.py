@@ -235,3 +235,33 @@ def test_one_front_end_at_a_time():
     torch_dtr.enable()
     with pytest.raises(RuntimeError, match="cannot run together"):
         native.enable()
+
+
+@pytest.mark.parametrize("name", ["lstm", "gpt2"])
+def test_bench_workloads_train_three_steps_as_the_python_front_end_does_at_80(name):
+    """Whole training steps (AdamW included, the LSTM's lengths drawn from the data) from the same weights:
+    the same losses bit for bit, and the same evictions, recomputations and constant bytes after each step."""
+    from torch_dtr.bench import workloads
+
+    size = workloads.SIZES[name]["quick"]
+    runs = {}
+    for front, (enable, disable, stats) in FRONTS.items():
+        torch.manual_seed(0)
+        model, batches, step = workloads.build(name, size, 4)
+        enable()
+        step(model, batches[0])
+        peak = stats()["peak_bytes"]
+        disable()
+        torch.manual_seed(0)
+        model, batches, step = workloads.build(name, size, 4)
+        enable(int(peak * 0.8))
+        out = []
+        for i in range(3):
+            torch.manual_seed(i)
+            loss = step(model, batches[i])
+            s = stats()
+            out.append((float(loss), s["evictions"], s["rematerializations"], s["constant_bytes"]))
+        disable()
+        runs[front] = (peak, out)
+    assert runs["native"] == runs["python"]
+    assert runs["native"][1][-1][1] > 0  # it evicted

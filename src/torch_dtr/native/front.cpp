@@ -313,10 +313,22 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
 }
 
 // ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
-struct Seen {
+struct Seen {  // a constant storage, counted while a tensor seen on it lives (as eager/constants.py counts)
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   int64_t nbytes;
   bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> tensors;  // the tensors seen on it
+  bool alive() {
+    if (storage.expired()) return false;
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](auto& w) { return w.expired(); }),
+                  tensors.end());
+    return !tensors.empty();
+  }
+  void saw(const at::Tensor& t) {
+    for (auto& w : tensors)
+      if (w._unsafe_get_target() == t.unsafeGetTensorImpl() && !w.expired()) return;
+    tensors.emplace_back(t.getIntrusivePtr());
+  }
 };
 std::unordered_map<const c10::StorageImpl*, Seen> g_seen;
 
@@ -510,7 +522,7 @@ bool dead_pending() {
 py::list swept_constants() {  // constants whose last tensor died since the last sweep: their bytes
   py::list gone;
   for (auto it = g_seen.begin(); it != g_seen.end();) {
-    if (it->second.storage.expired()) {
+    if (!it->second.alive()) {
       gone.append(py::make_tuple(reinterpret_cast<intptr_t>(it->first), it->second.nbytes));
       it = g_seen.erase(it);
     } else {
@@ -607,12 +619,16 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
         const auto n = static_cast<int64_t>(si->nbytes());
         if (n) {
           auto it = g_seen.find(si);
-          if (it == g_seen.end() || it->second.storage.expired()) {
-            if (it != g_seen.end()) g_seen.erase(it);
-            fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
-            g_seen.emplace(si, Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si)), n});
+          if (it != g_seen.end() && it->second.storage.expired()) {  // the address of a dead one, reused
+            g_seen.erase(it);
+            it = g_seen.end();
           }
+          if (it == g_seen.end()) {
+            fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
+            it = g_seen.emplace(si, Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                             c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si)), n}).first;
+          }
+          it->second.saw(t);
           reads.push_back(si);
           if (f.written[i]) {
             auto& s = g_seen.find(si)->second;
