@@ -1,7 +1,7 @@
 """The compiled front end against the Python one under budgets: step time over plain PyTorch, evictions and
 recomputations, on the bench's workloads. Writes docs/native-live.md.
 
-    python benchmarks/native_live.py [--out docs] [--repeats 3] [--which quick|full] [--fractions 0.5]
+    python benchmarks/native_live.py [--out docs] [--repeats 3] [--which quick,full] [--fractions 0.5]
 
 For each workload: plain, then each front end with no budget and at each fraction of the peak that front end
 measured with no budget, interleaved round by round (plain, Python, native, ...), median step of ``--repeats``
@@ -100,7 +100,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--which", default="quick", choices=("quick", "full"))
+    ap.add_argument("--which", default="quick", help="sizes, comma-separated: quick, full")
     ap.add_argument("--fractions", default="0.5")
     ap.add_argument("--workloads", default="lstm,gpt2")
     a = ap.parse_args()
@@ -110,9 +110,10 @@ def main() -> int:
     fractions = [float(x) for x in a.fractions.split(",")]
     torch.manual_seed(0)
     results = {}
-    for name in a.workloads.split(","):
-        print(f"measuring {name} ({a.which}) ...", file=sys.stderr, flush=True)
-        results[name] = measure(name, a.which, a.repeats, fractions)
+    for which in a.which.split(","):
+        for name in a.workloads.split(","):
+            print(f"measuring {name} ({which}) ...", file=sys.stderr, flush=True)
+            results[f"{name} ({which})"] = measure(name, which, a.repeats, fractions)
     lines = ["# The compiled front end under budgets", "",
              f"Measured {datetime.date.today().isoformat()} on {torch.get_num_threads()} threads, "
              f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, torch "
