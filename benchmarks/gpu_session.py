@@ -88,9 +88,10 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cap", default="16GiB")
-    ap.add_argument("--plan", choices=("first", "followup", "swap", "swap-lstm"), default="first",
+    ap.add_argument("--plan", choices=("first", "followup", "swap", "swap-lstm", "native"), default="first",
                     help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off; "
-                         "swap: the host tier on GPT-2 small against recomputation alone and save_on_cpu")
+                         "swap: the host tier on GPT-2 small against recomputation alone and save_on_cpu; "
+                         "native: the compiled front end at no budget against the Python one (the per-op targets)")
     ap.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.3], help="swap-lstm: budgets, of plain's peak")
     ap.add_argument("--streams", action="store_true", help="swap-lstm: copies out on the compute stream too, "
                     "instead of recomputing only")
@@ -157,6 +158,8 @@ def main() -> int:
         return swap(a, run, save, w_of, size_of, t_start, res)
     if a.plan == "swap-lstm":
         return swap_lstm(run, save, t_start, res, a.ratios, a.streams)
+    if a.plan == "native":
+        return native_plan(run, save, t_start)
     # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
     plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
     if plain and "max_allocated" in plain and "error" not in plain:
@@ -191,6 +194,24 @@ def main() -> int:
         run("gpt2-small", {"kind": "compile", "mem_budget": 0.5, "label": "torch.compile budget 0.5"})
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}")
+    return 0
+
+
+def native_plan(run: Any, save: Any, t_start: float) -> int:
+    """The per-op targets at no budget: plain, the Python front end and the compiled one on each model (the
+    compiled front end is built on the device first: it needs a C++ compiler and ninja there)."""
+    from torch_dtr import native
+
+    if not native.available():
+        print("the compiled front end cannot be built here", flush=True)
+        return 1
+    for name in ("gpt2-small", "gpt2", "resnet50", "lstm"):
+        p = run(name, {"kind": "plain", "label": "plain PyTorch"})
+        if p and "error" not in p:
+            run(name, {"kind": "native", "budget": None, "label": "torch-dtr native, no budget"})
+            run(name, {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"})
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s", flush=True)
     return 0
 
 

@@ -265,3 +265,16 @@ def test_bench_workloads_train_three_steps_as_the_python_front_end_does_at_80(na
         runs[front] = (peak, out)
     assert runs["native"] == runs["python"]
     assert runs["native"][1][-1][1] > 0  # it evicted
+
+
+def test_the_device_bench_worker_runs_the_native_contender_bitwise():
+    """``torch-dtr bench --device`` and ``benchmarks/gpu_session.py --plan native`` run it in this worker."""
+    from torch_dtr.bench import gpu, workloads
+
+    common = {"device": "sim", "workload": "lstm", "size": workloads.SIZES["lstm"]["quick"].__dict__, "warmup": 1,
+              "steps": 2}
+    plain = gpu.work(common | {"kind": "plain", "label": "plain"})
+    nat = gpu.work(common | {"kind": "native", "budget": None, "label": "native"})
+    assert "error" not in nat, nat.get("error")
+    assert nat["losses"] == plain["losses"] and nat["digest"] == plain["digest"]
+    assert nat["ops"] > 100

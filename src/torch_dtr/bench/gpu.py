@@ -98,6 +98,10 @@ def work(spec: dict) -> dict:
                              swap=spec.get("swap", False))
             if cuda:
                 out["allocator_settings"] = _allocator_settings()
+        if kind == "native":  # the compiled front end (a preview: no budget on CUDA, docs/native.md)
+            from .. import native
+
+            native.enable(spec.get("budget"))
         noop = (_noop_mode() if kind == "noop" else torch.autograd.graph.save_on_cpu(pin_memory=cuda)
                 if kind == "save_on_cpu" else contextlib.nullcontext())
         prof = cProfile.Profile() if spec.get("profile") else None
@@ -123,6 +127,13 @@ def work(spec: dict) -> dict:
                 text = io.StringIO()
                 pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
                 Path(spec["profile"]).write_text(text.getvalue())
+            if kind == "native":
+                from .. import native
+
+                nst = native.stats()
+                native.disable()
+                out |= {"evictions": nst["evictions"], "remats": nst["rematerializations"],
+                        "ops": nst["managed_ops"], "peak_counted": nst["peak_bytes"]}
             if kind == "dtr":
                 st = torch_dtr.stats()
                 torch_dtr.disable()

@@ -147,8 +147,10 @@ class Session:
         flat = []
         for o in outs:
             flat.extend(o if isinstance(o, (list, tuple)) else [o])
+        # the rates of the device the op ran on (NOTE [ Modelled costs ] 3), as eager/front.py chooses them
+        cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in (*flat, *pos))
         with torch.utils._python_dispatch._disable_current_modes():
-            return model_cost(func, tuple(pos), kw, flat, "cpu")
+            return model_cost(func, tuple(pos), kw, flat, "cuda" if cuda else "cpu")
 
     def written(self, keys: list[int], name: str) -> None:
         """A constant that recipes read is about to be written (NOTE [ Changed constants ] 2)."""
