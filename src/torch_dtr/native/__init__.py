@@ -27,7 +27,9 @@
 #    it (and invalidates the recipes that read it) instead of keeping a new version with a recipe; no
 #    inference management of ops on plain tensors under no_grad (NOTE [ Managed vs constant ] 5); CPU only
 #    (no device allocator accounting, no host tier, no tenants); one thread (others run their ops plain unless
-#    they read managed tensors); sizes come from meta kernels only.
+#    they read managed tensors); sizes come from meta kernels only. An evicted value read without an op sees no
+#    data: ``t.tolist()`` raises PyTorch's "unallocated storage" error and ``t.data_ptr()`` is 0 (any op, even
+#    ``t.detach()``, brings it back first); the Python front end's wrapper tensors refuse those reads instead.
 """
 
 from __future__ import annotations
