@@ -66,7 +66,18 @@ def _gpt2():
     return m, lambda: m(ids, labels=ids).loss
 
 
-PROGRAMS = {"mlp_dropout": _mlp_dropout, "conv_bn": _conv_bn, "lstm_loop": _lstm_loop, "gpt2": _gpt2}
+def _casts():  # `_to_copy` keeps its recipe where the output stays on the input's device
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32))
+    x = torch.randn(64, 32)
+
+    def loss():
+        h = m(x).double().sin().float()
+        return m(h).pow(2).mean() + h.to(torch.float16).float().mean()
+
+    return m, loss
+
+
+PROGRAMS = {"mlp_dropout": _mlp_dropout, "conv_bn": _conv_bn, "lstm_loop": _lstm_loop, "gpt2": _gpt2, "casts": _casts}
 
 
 def _runner(make):
@@ -278,3 +289,41 @@ def test_the_device_bench_worker_runs_the_native_contender_bitwise():
     assert "error" not in nat, nat.get("error")
     assert nat["losses"] == plain["losses"] and nat["digest"] == plain["digest"]
     assert nat["ops"] > 100
+
+
+def test_inference_is_managed_as_the_python_front_end_does_at_80_and_60():
+    """NOTE [ Managed vs constant ] 5: under no_grad, ops making new tensors are managed although their inputs
+    are plain; generate() under a budget gives plain's tokens and the Python front end's decisions."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96, n_positions=64, bos_token_id=0,
+                                  eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 96, (16, 48))
+
+    def run():
+        with torch.no_grad():
+            logits = model(ids).logits
+        return logits, model.generate(ids, max_new_tokens=8, do_sample=False)
+
+    ref = run()
+    seen = {}
+    for front, (enable, disable, stats) in FRONTS.items():
+        enable()
+        run()
+        peak = stats()["peak_bytes"]
+        disable()
+        seen[front] = [peak]
+        for frac in (0.8, 0.6):
+            enable(int(peak * frac))
+            try:
+                out = run()
+                s = stats()
+                assert all(torch.equal(a, b) for a, b in zip(ref, out, strict=True))
+                seen[front].append((s["evictions"], s["rematerializations"], s["peak_bytes"] <= s["budget_bytes"]))
+            except torch_dtr.BudgetError as e:
+                seen[front].append(str(e).split(" cannot be kept")[0])
+            finally:
+                disable()
+    assert seen["native"] == seen["python"]
+    assert any(isinstance(r, tuple) and r[0] > 0 for r in seen["native"][1:]), seen

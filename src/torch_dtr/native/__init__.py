@@ -18,18 +18,20 @@
 #    constants). The core's per-op work in Python is what this front end still costs (docs/native.md).
 # 3. Handles: a managed tensor is an ordinary tensor of its device whose dispatch keys also hold the
 #    PrivateUse1 backend bit (front.cpp, rule 1). While enabled, the thread's dispatch state includes that bit,
-#    so plain ops reach the kernel too (and pass through at once unless an input requires grad under grad
-#    mode). A process that uses a real PrivateUse1 backend cannot use this front end.
-# 4. Constants (plain tensors that managed ops read: parameters, inputs) are counted once per storage while a
-#    tensor holds it, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
+#    so plain ops reach the kernel too, which manages them by eager/front.py's rules (NOTE [ Managed vs
+#    constant ] 1 and 5: an input requires grad under grad mode; or grad mode is off, outside an optimizer's
+#    step, and the op makes new tensors) and else passes them through at once. A process that uses a real
+#    PrivateUse1 backend cannot use this front end.
+# 4. Constants (plain tensors that managed ops read: parameters, inputs) are counted per storage while a tensor
+#    seen on it lives, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
 #    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
-# 5. What this preview does not do yet, where eager/front.py does: an in-place write to a managed value pins
-#    it (and invalidates the recipes that read it) instead of keeping a new version with a recipe; no
-#    inference management of ops on plain tensors under no_grad (NOTE [ Managed vs constant ] 5); CPU only
-#    (no device allocator accounting, no host tier, no tenants); one thread (others run their ops plain unless
-#    they read managed tensors); sizes come from meta kernels only. An evicted value read without an op sees no
-#    data: ``t.tolist()`` raises PyTorch's "unallocated storage" error and ``t.data_ptr()`` is 0 (any op, even
-#    ``t.detach()``, brings it back first); the Python front end's wrapper tensors refuse those reads instead.
+#    In-place writes keep versions as NOTE [ In-place mutation ] says.
+# 5. What this preview does not do yet, where eager/front.py does: CUDA devices (allocator accounting, OOM
+#    retries), the host tier, tenants, threads other than the enabling one (theirs run plain unless they read
+#    managed tensors), torch.compile regions and torch.func transforms (not told apart), learned sizes (meta
+#    kernels only); an op that writes more than one managed value pins them. An evicted value read without an
+#    op sees no data: ``t.tolist()`` raises PyTorch's "unallocated storage" error and ``t.data_ptr()`` is 0 (any
+#    op, even ``t.detach()``, brings it back first); the Python front end's wrapper tensors refuse those reads.
 """
 
 from __future__ import annotations
@@ -118,6 +120,11 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s = Session(ext, nbytes, policy, banish_depth)
     s.active = True
     _SESSION = s
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    # inside an optimizer's step() its updates stay plain (NOTE [ Managed vs constant ] 5)
+    s.hooks = (register_optimizer_step_pre_hook(lambda *_: ext.set_stepping(True)),
+               register_optimizer_step_post_hook(lambda *_: ext.set_stepping(False)))
     ext.start(s, -1 if nbytes is None else nbytes)
     ext.attach(True)
     return s
@@ -132,6 +139,9 @@ def disable() -> None:
     s.active = False
     s.ext.attach(False)
     s.ext.stop()
+    for h in s.hooks:
+        h.remove()
+    s.ext.set_stepping(False)
     s.rt.set_budget(None)
 
 

@@ -50,6 +50,7 @@ Py* g_py = new Py();
 // bytes free under the budget as the core counted them after its last call (-1: not known). An op whose
 // predicted bytes fit skips `before`: the core's reserve would not evict, and its inputs are resident
 int64_t g_room = -1;
+bool g_stepping = false;  // inside an optimizer's step(): its updates stay plain (NOTE [ Managed vs constant ] 5)
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0;
 
 // ------------------------------------------------------------------ records
@@ -149,6 +150,9 @@ struct Facts {  // per operator, read once from its schema
   std::vector<bool> written;
   std::vector<const c10::AliasInfo*> returns;
   bool random = false, writes = false, replayable = true, unannotated = false;
+  bool cross_device = false;  // may copy to another device: replayable only where its outputs stay on the input's
+  bool fresh = false;         // some output is a tensor of its own (NOTE [ Managed vs constant ] 5)
+  bool nested = false;        // makes nested tensors: never managed
   // batch norm's running statistics (argument positions), written in training mode without the schema saying
   // so, and the position of its `training` flag (-1: none): NOTE [ In-place mutation ] 4 and 6
   std::vector<size_t> stats;
@@ -172,14 +176,22 @@ const Facts& facts(const c10::OperatorHandle& op) {
         a.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
       f.random = true;
   }
-  for (const auto& r : schema.returns()) f.returns.push_back(r.alias_info());
+  for (const auto& r : schema.returns()) {
+    f.returns.push_back(r.alias_info());
+    f.fresh |= !r.alias_info() && r.type()->kind() == c10::TypeKind::TensorType;
+  }
   f.random |= op.hasTag(at::Tag::nondeterministic_seeded);
   std::string base = schema.name().substr(schema.name().find("::") + 2);
-  static const char* never[] = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense", "linalg_lstsq",
-                                "_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"};
+  // as eager/funcinfo.py: replaying these would repeat a side effect or give another value
+  static const char* never[] = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense", "linalg_lstsq"};
   for (const char* n : never) f.replayable &= base != n;
-  static const char* aliasing[] = {"_unsafe_view", "_reshape_alias", "unsafe_split", "unsafe_split_with_sizes",
-                                   "unsafe_chunk"};
+  const std::string& full = schema.name();
+  f.replayable &= full.rfind("aten::", 0) == 0 || full.rfind("prims::", 0) == 0;
+  static const char* crossing[] = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"};
+  for (const char* n : crossing) f.cross_device |= base == n;
+  f.nested = full.find("_nested") != std::string::npos;
+  static const char* aliasing[] = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put", "unsafe_split",
+                                   "unsafe_split_with_sizes", "unsafe_chunk"};
   for (const char* n : aliasing) f.unannotated |= base == n;
   f.name = py::str("aten." + base + "." + (schema.overload_name().empty() ? "default" : schema.overload_name()));
   f.overload = py::str(schema.overload_name().empty() ? "default" : schema.overload_name());
@@ -815,8 +827,12 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     new_value = py::cast(Value{new_slot});
   }
   const bool writing = mode == "version" || mode == "copy";
-  const bool replayable = (writing ? fresh.empty() : !fresh.empty() && !f.writes) && f.replayable && !opaque &&
-                          !f.unannotated;
+  bool replayable = (writing ? fresh.empty() : !fresh.empty() && !f.writes) && f.replayable && !opaque &&
+                    !f.unannotated;
+  if (replayable && f.cross_device && !handles.empty()) {  // a copy to another device is not replayed
+    const c10::Device dev = handles[0]->slot->storage.device();
+    for (auto& fr : fresh) replayable &= fr.slot->storage.device() == dev;
+  }
   py::object recipe = py::none();
   if (replayable) {
     if (writing) {
@@ -896,7 +912,20 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
       if (handle_of(t)) tagged = true;
       else if (t.requires_grad()) grad = true;
     });
-  if (!tagged && !(grad && at::GradMode::is_enabled())) {
+  // NOTE [ Managed vs constant ] 5: with grad mode off (outside an optimizer's step), an op that makes new
+  // tensors from strided tensors is managed too, so that what inference holds counts and can be evicted
+  bool infer = false;
+  if (!tagged && !at::GradMode::is_enabled() && !g_stepping && g_py->active && f.fresh && !f.writes &&
+      f.replayable && !f.nested) {
+    bool strided = false, nested = false;
+    for (size_t i = start; i < stack->size(); ++i)
+      each_tensor((*stack)[i], [&](const at::Tensor& t) {
+        nested |= t.is_nested();
+        strided |= t.layout() == c10::kStrided;
+      });
+    infer = strided && !nested;
+  }
+  if (!tagged && !infer && !(grad && at::GradMode::is_enabled())) {
     ++g_plain;
     if (f.writes && !g_seen.empty()) {
       py::gil_scoped_acquire gil;
@@ -993,6 +1022,7 @@ void set_budget(int64_t b) {
   g_room = -1;
 }
 void forget_room() { g_room = -1; }
+void set_stepping(bool on) { g_stepping = on; }
 
 bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
 
@@ -1037,6 +1067,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget", &forget);
   m.def("set_budget", &set_budget);
   m.def("forget_room", &forget_room);
+  m.def("set_stepping", &set_stepping);
   m.def("attach", &attach);
   m.def("attached", &attached);
   m.def("is_managed", &is_managed);
