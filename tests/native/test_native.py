@@ -327,3 +327,27 @@ def test_inference_is_managed_as_the_python_front_end_does_at_80_and_60():
                 disable()
     assert seen["native"] == seen["python"]
     assert any(isinstance(r, tuple) and r[0] > 0 for r in seen["native"][1:]), seen
+
+
+_LIB = torch.library.Library("dtr_native_test", "DEF")
+_LIB.define("scale(Tensor x, float k) -> Tensor")
+_LIB.define("cpu_scale(Tensor x, float k) -> Tensor")
+_LIB.impl("scale", lambda x, k: x * k, "CompositeExplicitAutograd")  # an implementation in aten ops
+_LIB.impl("cpu_scale", lambda x, k: x * k, "CPU")  # a kernel for the CPU alone (as a C++ extension's would be)
+
+
+def test_custom_ops_run_managed_recorded_by_what_they_are():
+    """Ops outside aten reach the kernel too. One whose implementation is composite runs it on the handles: its
+    aten ops are recorded (replayable); one with a CPU kernel alone is run as a whole and its output is kept,
+    pinned (not replayed: its namespace is not aten's). Both give plain PyTorch's values."""
+    w = torch.randn(32, 32)
+    ref = [torch.ops.dtr_native_test.scale(torch.tanh(w), 3.0), torch.ops.dtr_native_test.cpu_scale(torch.tanh(w), 3.0)]
+    w.requires_grad_(True)
+    native.enable()
+    ys = [torch.ops.dtr_native_test.scale(torch.tanh(w), 3.0), torch.ops.dtr_native_test.cpu_scale(torch.tanh(w), 3.0)]
+    composite, kernel = (native.load().storage_of(y) for y in ys)
+    vals = [y.detach() * 1 for y in ys]
+    native.disable()
+    assert all(torch.equal(a, b) for a, b in zip(ref, vals, strict=True))
+    assert composite.op is not None and composite.op.name == "aten.mul.Tensor"
+    assert kernel.pinned and kernel.op is None

@@ -157,7 +157,7 @@ struct Facts {  // per operator, read once from its schema
   // so, and the position of its `training` flag (-1: none): NOTE [ In-place mutation ] 4 and 6
   std::vector<size_t> stats;
   int64_t training = -1;
-  py::object name, overload;  // for the core's messages and the cost model
+  py::object name;  // "aten.mul.Tensor": for the core's messages and the cost model
 };
 
 const Facts& facts(const c10::OperatorHandle& op) {
@@ -193,8 +193,8 @@ const Facts& facts(const c10::OperatorHandle& op) {
   static const char* aliasing[] = {"_unsafe_view", "_reshape_alias", "_unsafe_index_put", "unsafe_split",
                                    "unsafe_split_with_sizes", "unsafe_chunk"};
   for (const char* n : aliasing) f.unannotated |= base == n;
-  f.name = py::str("aten." + base + "." + (schema.overload_name().empty() ? "default" : schema.overload_name()));
-  f.overload = py::str(schema.overload_name().empty() ? "default" : schema.overload_name());
+  f.name = py::str(full.substr(0, full.find("::")) + "." + base + "." +
+                   (schema.overload_name().empty() ? "default" : schema.overload_name()));
   return cache.emplace(&schema, std::move(f)).first->second;
 }
 
@@ -1046,8 +1046,6 @@ at::Tensor plain(const at::Tensor& t) {
   return r;
 }
 
-py::list dead() { return take_dead(); }
-
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
@@ -1057,9 +1055,7 @@ std::unordered_map<std::string, int64_t> counters() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Value>(m, "Value").def("drop", [](Value& v) { v.slot->drop(); })
-      .def_property_readonly("nbytes", [](Value& v) { return v.slot->storage.nbytes(); })
-      .def_property_readonly("resident", [](Value& v) { return v.slot->resident(); });
+  py::class_<Value>(m, "Value").def("drop", [](Value& v) { v.slot->drop(); });
   py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, const py::args& lend) { return r.call(lend); });
   m.def("claim", &claim);
   m.def("start", &start);
@@ -1073,6 +1069,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("is_managed", &is_managed);
   m.def("storage_of", &storage_of);
   m.def("plain", &plain);
-  m.def("dead", &dead);
   m.def("counters", &counters);
 }

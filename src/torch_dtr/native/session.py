@@ -139,8 +139,8 @@ class Session:
         """The modelled cost of an op (NOTE [ Modelled costs ]); the kernel caches it per call signature."""
         func = self.funcs.get(name)
         if func is None:
-            _, packet, overload = name.split(".")
-            func = self.funcs[name] = getattr(getattr(torch.ops.aten, packet), overload)
+            ns, packet, overload = name.split(".")
+            func = self.funcs[name] = getattr(getattr(getattr(torch.ops, ns), packet), overload)
         schema = func._schema.arguments
         pos = [a for a, s in zip(args, schema, strict=False) if not s.kwarg_only]
         kw = {s.name: a for a, s in zip(args, schema, strict=False) if s.kwarg_only}
