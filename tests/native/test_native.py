@@ -351,3 +351,16 @@ def test_custom_ops_run_managed_recorded_by_what_they_are():
     assert all(torch.equal(a, b) for a, b in zip(ref, vals, strict=True))
     assert composite.op is not None and composite.op.name == "aten.mul.Tensor"
     assert kernel.pinned and kernel.op is None
+
+
+def test_disable_takes_the_dispatch_bit_away_again():
+    """c10's include toggle removes a per-backend key's functionality but not its backend bit: left behind, the
+    bit sent every later op of the thread to the kernel (and, with no kernel registered, raised)."""
+    before = str(torch._C._dispatch_tls_local_include_set())
+    native.enable()
+    (torch.ones(3, requires_grad=True) * 2).sum()
+    native.disable()
+    assert str(torch._C._dispatch_tls_local_include_set()) == before
+    plain = native.stats()["plain_ops"]
+    torch.ones(3).add(1).mul(2)
+    assert native.stats()["plain_ops"] == plain  # plain ops no longer reach the kernel
