@@ -364,3 +364,22 @@ def test_disable_takes_the_dispatch_bit_away_again():
     plain = native.stats()["plain_ops"]
     torch.ones(3).add(1).mul(2)
     assert native.stats()["plain_ops"] == plain  # plain ops no longer reach the kernel
+
+
+def test_a_recipe_with_an_index_list_does_not_keep_its_handles_alive():
+    """``x[idx]`` passes an optional tensor list; a recipe that kept the list would keep the handles in it alive
+    (and their memory), where plain PyTorch frees them."""
+    w = torch.randn(256, 64, requires_grad=True)
+    s = native.enable()
+    idx = (torch.tanh(w[:, 0]) > 0).nonzero().squeeze(1)
+    idx = idx * 1  # a managed index tensor
+    with torch.no_grad():  # (autograd would keep idx for index's backward, as plain PyTorch does)
+        y = torch.tanh(w)[idx]  # aten.index.Tensor(self, [idx]): managed, with a recipe
+    key = native.load().storage_of(idx)
+    del idx
+    (y * 1).sum()  # the next managed op drops the dead handles
+    assert key.refs == 0, key
+    ref = torch.tanh(w.detach())[(torch.tanh(w.detach()[:, 0]) > 0).nonzero().squeeze(1)]
+    assert torch.equal(y.detach() * 1, ref)
+    native.disable()
+    assert s is native.current()

@@ -401,6 +401,8 @@ at::Tensor view_of(const c10::Storage& s, const Input& in) {
   return t;
 }
 
+constexpr size_t kNone = static_cast<size_t>(-1);  // an optional tensor list's None, in Recipe::slots
+
 struct Recipe {
   c10::OperatorHandle op;
   DispatchKeySet keys;
@@ -462,10 +464,9 @@ struct Recipe {
           stack.emplace_back(l);
         } else {
           c10::List<std::optional<at::Tensor>> l;
-          size_t next = 0;
-          for (const IValue& e : args[i].toListRef()) {
-            if (e.isTensor() && e.toTensor().defined()) l.push_back(input(sl[next++]));
-            else l.push_back(std::nullopt);
+          for (auto k : sl) {
+            if (k == kNone) l.push_back(std::nullopt);
+            else l.push_back(input(k));
           }
           stack.emplace_back(l);
         }
@@ -684,11 +685,13 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     } else if (v.isList() && v.toListRef().size() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
       bool tensors = false;
       for (const IValue& e : v.toListRef()) tensors |= e.isTensor();
-      if (tensors) {  // an optional tensor list (index): the recipe keeps the Nones' places
+      if (tensors) {  // an optional tensor list (index): a None's place is kept as kNone in `slots`
         rec->kinds[i] = 3;
-        for (const IValue& e : v.toListRef())
+        for (const IValue& e : v.toListRef()) {
           if (e.isTensor() && e.toTensor().defined()) note(e.toTensor(), i);
-        rec->args.push_back(v);  // its layout; the tensors are refilled from `inputs`
+          else rec->slots[i].push_back(kNone);
+        }
+        rec->args.emplace_back();  // the list itself is not kept: it would hold the handles alive
       } else {
         rec->args.push_back(v);
       }
