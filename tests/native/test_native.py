@@ -383,3 +383,14 @@ def test_a_recipe_with_an_index_list_does_not_keep_its_handles_alive():
     assert torch.equal(y.detach() * 1, ref)
     native.disable()
     assert s is native.current()
+
+
+def test_every_new_parameter_gets_its_gradient_back_plain():
+    """Leaves are remembered by identity, not by an id that a dead tensor's successor may reuse."""
+    native.enable()
+    for _ in range(20):
+        p = torch.nn.Parameter(torch.randn(8, 8))
+        (p * 2).sum().backward()
+        assert not native.is_managed(p.grad)
+        del p
+    native.disable()

@@ -8,6 +8,7 @@ and ``ran`` after it. NOTE [ Native front end ] in ``__init__.py``.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ class Session:
         self.readers: dict[int, list[Op]] = {}  # a constant's StorageImpl address -> recipes that read it
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
-        self.hooked: set[int] = set()
+        self.hooked: dict[int, weakref.ref] = {}  # leaves given the plain-gradient hook (by id, checked by identity)
 
     # ------------------------------------------------------------------ called by the kernel
     def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
@@ -173,9 +174,10 @@ class Session:
         if key not in self.consts:
             self.rt.add_constant(nbytes, where)
             self.consts[key] = nbytes
-        if t.requires_grad and t.is_leaf and id(t) not in self.hooked:
+        seen = self.hooked.get(id(t))
+        if t.requires_grad and t.is_leaf and (seen is None or seen() is not t):  # (an id is reused after a death)
             # gradients accumulated into a plain leaf come back plain (NOTE [ Managed vs constant ] 4)
-            self.hooked.add(id(t))
+            self.hooked[id(t)] = weakref.ref(t)
             t.register_post_accumulate_grad_hook(self._plain_grad)
 
     def _plain_grad(self, p: torch.Tensor) -> None:
