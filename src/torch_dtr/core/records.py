@@ -108,7 +108,8 @@ class Op:
         name: str = "",
         writes: Sequence[Storage] = (),
     ) -> None:
-        self.inputs: tuple[Storage, ...] = tuple(dict.fromkeys(inputs))  # distinct, in order
+        # distinct, in order
+        self.inputs: tuple[Storage, ...] = tuple(inputs) if len(inputs) < 2 else tuple(dict.fromkeys(inputs))
         self.outputs: list[Storage] = []
         self.cost = cost
         self.compute = compute

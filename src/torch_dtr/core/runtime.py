@@ -124,17 +124,17 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # NOTE [ Lazy tracking ]
 #
 # 1. The policy's tracker (union-find sets, evicted components, chains) is only read when the policy chooses
-#    a victim (``_choose``). A runtime created without a budget (the eager front end's unbudgeted and
-#    out-of-memory-driven modes) may never choose, yet drops a value at almost every op (NOTE [ Lifetimes ]
-#    3): with ``lazy_tracking=True`` (the front end's) it keeps no tracker state (``tracking`` is False)
-#    until its first choice, which tells the tracker
-#    every evicted storage then, oldest first (``track``). The same storages are then tracked as if it had
-#    tracked all along, except for the order of floating-point cost sums and, under union-find (``dtr_eq``,
-#    ``dtr_chain``), sets once joined through a value recomputed since: union-find never splits them, a
-#    fresh start does not join them; ``dtr_chain``'s chain estimates also depend on the order of evictions
-#    (NOTE [ Evicted chains ]), so its first choices may differ.
-# 2. A runtime created with a budget, or without ``lazy_tracking`` (every replay of a log, the core's tests),
-#    tracks from the start: the simulator's outcomes do not change.
+#    a victim (``_choose``). A live runtime may never choose (no budget, or a budget above the program's
+#    peak), yet drops a value at almost every op (NOTE [ Lifetimes ] 3): with ``lazy_tracking=True`` (both
+#    front ends') it keeps no tracker state (``tracking`` is False) until its first choice, which tells the
+#    tracker every evicted storage then, oldest first (``track``). The same storages are then tracked as if
+#    it had tracked all along, except for the order of floating-point cost sums and, under union-find
+#    (``dtr_eq``, ``dtr_chain``), sets once joined through a value recomputed since: union-find never splits
+#    them, a fresh start does not join them; ``dtr_chain``'s chain estimates also depend on the order of
+#    evictions (NOTE [ Evicted chains ]), so its first choices may differ. (Tracking from the start cost a
+#    budget above the peak about 2 us per op on the small-op chain of benchmarks/dispatch.py.)
+# 2. A runtime created without ``lazy_tracking`` (every replay of a log, the core's tests) tracks from the
+#    start: the simulator's outcomes do not change.
 
 # NOTE [ Changed inputs ]
 #
@@ -283,7 +283,11 @@ def _all_pinned(op: Op) -> bool:
 
 def _awaited(s: Storage) -> bool:
     """Whether a reader of ``s`` has an evicted output with a handle (NOTE [ Lifetimes ] 3)."""
-    return any(o.refs and not o.resident and o.host is None for c in s.children for o in c.outputs)
+    for c in s.children:  # (loops, not a generator: this runs for every value whose last handle dies)
+        for o in c.outputs:
+            if o.refs and not o.resident and o.host is None:
+                return True
+    return False
 
 
 def _drop_recipe(op: Op) -> list[Storage]:
@@ -332,7 +336,7 @@ class Runtime:
         self.peak_limit = budget  # the largest budget in force since the peak was last reset (check())
         self.policy = get_policy(policy)
         self.tracker = TRACKERS[self.policy.extra]()
-        self.tracking = not (lazy_tracking and budget is None)  # NOTE [ Lazy tracking ]
+        self.tracking = not lazy_tracking  # NOTE [ Lazy tracking ]
         self.sample_sqrt = sample_sqrt
         self.min_evict_bytes = min_evict_bytes
         self.memory = memory or Memory()
@@ -482,8 +486,9 @@ class Runtime:
             op.outputs.append(s)
             op.live += 1
         self.live[s] = None
-        if not s.pinned:
-            self._add_candidate(s)
+        if op is not None:  # (_add_candidate, inlined: this runs for every new value)
+            self.candidates[s] = None
+            self.candidate_bytes += nbytes
         return s
 
     def get(self, s: Storage) -> Any:
@@ -507,9 +512,10 @@ class Runtime:
         while s.forward is not None:
             s = s.forward
         s.refs -= 1
-        if s.refs < 0:
-            internal_assert(False, f"negative handle count on {s}")
-        if s.refs == 0:
+        if s.refs:
+            if s.refs < 0:
+                internal_assert(False, f"negative handle count on {s}")
+        else:
             op = s.op
             if s.deps == 0:
                 self._release(s)
@@ -537,8 +543,13 @@ class Runtime:
             if op is None:
                 s.chain = 0
             else:  # a link is an op that sums up two or more values without handles (an accumulation)
-                free = [i.chain for i in op.inputs if i.refs == 0 and not i.pinned]
-                s.chain = (len(free) > 1) + max(free, default=0)
+                free = longest = 0
+                for i in op.inputs:
+                    if i.refs == 0 and not i.pinned:
+                        free += 1
+                        if i.chain > longest:
+                            longest = i.chain
+                s.chain = (free > 1) + longest
         if s.chain < self.banish_depth:
             return
         for op in list(s.children):
@@ -629,9 +640,11 @@ class Runtime:
             self.tier.unspare(s)  # type: ignore[union-attr]
         if s.awaits:
             self._unawait(s)
-        self._unbanish(s)
+        if s.banished:
+            self._unbanish(s)
         self.memory.free(s)
-        self._drop_candidate(s)
+        if self.candidates.pop(s, 0) is None:  # (_drop_candidate, inlined: this runs for every dropped value)
+            self.candidate_bytes -= s.nbytes
 
     # ------------------------------------------------------------------ constants
     def add_constant(self, nbytes: int, where: str = "") -> None:

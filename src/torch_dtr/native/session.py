@@ -92,9 +92,12 @@ class Session:
                 return [], self._room()
             old = wrote[0] if wrote is not None else None
             op = rt.ran(ins, cost, recipe, name, (old,) if mode == "version" else ())
-            outs = [rt.output(op, n, v) for n, v in zip(nbytes, values, strict=True)]
-            for s in outs:
+            outs = []
+            output = rt.output
+            for n, v in zip(nbytes, values, strict=True):
+                s = output(op, n, v)
                 s.refs = 1
+                outs.append(s)
             if mode == "version":  # the new value takes over the buffer (and the handles); the old one is evicted
                 new = rt.new_version(old, op)
                 new.payload = wrote[2]
@@ -114,11 +117,12 @@ class Session:
         finally:
             if held:
                 rt.release(held)
-        if rt.budget is not None and rt.memory.tracked + rt.memory.outside > rt.budget:  # a prediction fell short
+        budget = rt.budget
+        if budget is not None and rt.memory.tracked + rt.memory.outside > budget:  # a prediction fell short
             rt.reserve(0, name)
         if rt.listeners:
             rt.emit("op", None)
-        return outs, self._room()
+        return outs, -1 if budget is None else self._room()
 
     def _room(self) -> int:
         """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits."""
