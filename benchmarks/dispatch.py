@@ -4,11 +4,12 @@ and where they go (cProfile of the per-op functions). Writes docs/dispatch.md.
     python benchmarks/dispatch.py [--out docs] [--repeats 7]
 
 Six programs, each timed plain, under a do-nothing dispatch mode and under torch-dtr, interleaved
-(plain, no-op mode, no budget, budget above the peak, plain, ...) after a warm-up, median of
-``--repeats``: a chain of small elementwise ops (the per-op cost shows undiluted), and GPT-2 and
-LSTM-cell training steps at `torch-dtr bench --quick` sizes and, with ResNet-50, at the full bench's
-sizes. "no budget" skips size prediction and eviction; "budget above the peak" runs the whole path
-(size prediction on meta tensors, cached; reserve) but never evicts. About 2-5 minutes on 2 cores.
+(plain, no-op mode, no budget, budget above the peak, plain, ...) after a warm-up, median of the steps of
+``--repeats`` rounds (a program whose step is short runs several steps, about 40 ms, per mode and round):
+a chain of small elementwise ops (the per-op cost shows undiluted), and GPT-2 and LSTM-cell training steps
+at `torch-dtr bench --quick` sizes and, with ResNet-50, at the full bench's sizes. "no budget" skips size
+prediction and eviction; "budget above the peak" runs the whole path (size prediction on meta tensors,
+cached; reserve) but never evicts. About 3-6 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -47,13 +48,16 @@ def _small_ops() -> tuple[Callable[[], None], str]:
     return step, "200 x (mul, add) on 64x64, forward and backward"
 
 
+_NEXT = [0]  # the next batch: every mode of a round starts from the same one (the LSTM's batches differ in length)
+
+
 def _workload(name: str, which: str = "quick") -> tuple[Callable[[], None], str]:
     size = workloads.SIZES[name][which]
     model, batches, step = workloads.build(name, size, 4)
-    it = iter(range(10**9))
 
     def run() -> None:
-        step(model, batches[next(it) % len(batches)])
+        _NEXT[0] += 1
+        step(model, batches[(_NEXT[0] - 1) % len(batches)])
 
     return run, workloads.describe(name, size) + ", AdamW step"
 
@@ -85,50 +89,64 @@ def _time(fn: Callable[[], None]) -> float:
 
 def measure(fn: Callable[[], None], repeats: int) -> dict:
     fn()  # warm-up (lazy state, allocator)
+    plain_s = min(_time(fn) for _ in range(3))
     torch_dtr.enable(budget=None)
-    fn()
+    _NEXT[0] = 0
+    for _ in range(4):  # managed ops per step: the mean over the 4 batches
+        fn()
     st = torch_dtr.stats()
-    ops, peak = st.ops, st.peak_bytes
+    ops, peak = st.ops / 4, st.peak_bytes
     torch_dtr.disable()
     counter = _Passthrough()
     hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "stepping", True)),
              register_optimizer_step_post_hook(lambda *_: setattr(counter, "stepping", False))]
+    _NEXT[0] = 0
     try:
         with counter:
-            fn()
+            for _ in range(4):
+                fn()
     finally:
         for h in hooks:
             h.remove()
-    dispatched, in_step = counter.calls, counter.in_step
+    dispatched, in_step = counter.calls / 4, counter.in_step / 4
     modes = {"plain": None, "no-op mode": "noop", "no budget": "none", "budget above peak": 2 * peak + 2**20}
     if native.available():  # the compiled front end (torch_dtr.native), the same core
         modes |= {"native, no budget": ("native", None), "native, budget above peak": ("native", 2 * peak + 2**20)}
     times: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(repeats):  # interleaved: slow drift of the machine hits every mode alike
+    # steps per sample: short steps are timed several times in a row (a multiple of the 4 batches, which differ in
+    # length for the LSTM), so that each sample holds about 40 ms and one slow step does not move the median
+    inner = 1 if plain_s > 0.02 else 4 * max(1, round(0.04 / (4 * plain_s)))
+
+    def timed(m: str, rnd: int) -> None:
+        _NEXT[0] = rnd * inner
+        for _ in range(inner):
+            times[m].append(_time(fn))
+
+    for rnd in range(repeats):  # interleaved: slow drift of the machine hits every mode alike
         for m, budget in modes.items():
             if budget is None:
-                times[m].append(_time(fn))
+                timed(m, rnd)
                 continue
             if budget == "noop":
                 with _Passthrough():
-                    times[m].append(_time(fn))
+                    timed(m, rnd)
                 continue
             if isinstance(budget, tuple):
                 native.enable(budget[1])
                 try:
-                    times[m].append(_time(fn))
+                    timed(m, rnd)
                     assert native.stats()["evictions"] == 0
                 finally:
                     native.disable()
                 continue
             torch_dtr.enable(budget=None if budget == "none" else budget)
             try:
-                times[m].append(_time(fn))
+                timed(m, rnd)
                 assert torch_dtr.stats().evictions == 0
             finally:
                 torch_dtr.disable()
     med = {m: statistics.median(ts) for m, ts in times.items()}
-    return {"ops": ops, "dispatched": dispatched, "in_step": in_step, "median_s": med,
+    return {"ops": ops, "dispatched": dispatched, "in_step": in_step, "median_s": med, "inner": inner,
             "us_per_op": {m: (med[m] - med["plain"]) / ops * 1e6 for m in modes},
             "ratio": {m: med[m] / med["plain"] for m in modes}}
 
@@ -185,13 +203,14 @@ def main() -> int:
         "",
         "What torch-dtr adds to every aten op when nothing is evicted: median step time under torch-dtr minus",
         "plain PyTorch's, divided by the managed ops per step (modes interleaved in one process, after a",
-        "warm-up). *no budget* skips size prediction; *budget above peak* runs the whole per-op path.",
+        "warm-up; a short step runs several times in a row per mode and round, about 40 ms, every step a",
+        "sample). *no budget* skips size prediction; *budget above peak* runs the whole per-op path.",
         "",
         "*ops through the mode* counts every aten op the dispatch mode sees (managed or not: optimizer",
         "updates on plain parameters pass through it too), in brackets those inside `optimizer.step()`",
         "(torch-dtr passes them through unmanaged); *no-op mode* is a Python dispatch mode that only",
-        "calls the op, the floor any such mode pays. The LSTM draws its sequence length each step, so its",
-        "two counts come from different steps.",
+        "calls the op, the floor any such mode pays. The LSTM draws its sequence length each step: its",
+        "counts are means over the 4 batches, and every mode of a round starts from the same batch.",
         "",
         "| program | managed ops per step | ops through the mode (in optimizer.step) | plain step (ms) | "
         "no-op mode: ratio | "
@@ -199,7 +218,7 @@ def main() -> int:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in results.items():
-        lines.append(f"| {name}: {r['desc']} | {r['ops']} | {r['dispatched']} ({r['in_step']}) | "
+        lines.append(f"| {name}: {r['desc']} | {r['ops']:.0f} | {r['dispatched']:.0f} ({r['in_step']:.0f}) | "
                      f"{r['median_s']['plain'] * 1e3:.1f} | "
                      f"{r['ratio']['no-op mode']:.2f}x | "
                      f"{r['us_per_op']['no budget']:.1f} | {r['ratio']['no budget']:.2f}x | "
