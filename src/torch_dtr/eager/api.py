@@ -18,7 +18,7 @@ from . import front as _front
 from . import tenants as _tenants
 from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
-from .swap import default_host_budget
+from .swap import banish_default, tier_options
 from .tensor import DTRTensor
 
 _LAST: Front | None = None  # the most recent front end, for stats() after disable()
@@ -84,24 +84,12 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if expandable_segments not in (None, True, False):
         raise ValueError(f"torch_dtr: expandable_segments must be None (automatic), True or False, got "
                          f"{expandable_segments!r}")
-    if swap not in (True, False, "auto"):
-        raise ValueError(f"torch_dtr: swap must be True, False or 'auto' (on for CUDA devices), got {swap!r}")
-    host = parse_budget(host_budget)
-    if swap_gbps is not None and (isinstance(swap_gbps, bool) or not isinstance(swap_gbps, numbers.Real)
-                                  or not swap_gbps > 0):
-        raise ValueError(f"torch_dtr: swap_gbps must be a bandwidth in GB/s > 0 (e.g. 25), got {swap_gbps!r}")
-    if swap is False and (host_budget is not None or swap_gbps is not None):
-        raise ValueError("torch_dtr: host_budget and swap_gbps set the host tier, which is off: pass swap=True "
-                         "(or swap='auto') with them")
-    if swap == "auto":
-        swap = isinstance(device, CudaDevice) or (device is None and torch.cuda.is_available())
-    if swap and host is None:
-        host = default_host_budget()
-    if banish_depth is None:  # a host tier that can hold what banishing would pin copies it out instead
-        roomy = swap and (nbytes is None or host is None or host >= nbytes)  # (NOTE [ Swapping ] 8)
-        banish_depth = 0 if roomy else DEFAULT_BANISH_DEPTH
+    cuda = isinstance(device, CudaDevice) or (device is None and torch.cuda.is_available())
+    swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda)
+    if banish_depth is None:
+        banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
     f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
-              int(sync_every), bool(swap), host, None if swap_gbps is None else float(swap_gbps))
+              int(sync_every), swap, host, gbps)
     f.expandable_was = _expandable(f.dev, expandable_segments)
     f.mode.__enter__()
     _front.set_active(f)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 from collections import deque
@@ -12,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..core import Storage, Tier
+from ..core.errors import parse_budget
 
 # NOTE [ Host copies ]
 #
@@ -53,6 +55,32 @@ def default_host_budget() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     except (ValueError, OSError, AttributeError):  # no sysconf (Windows): 8 GiB
         return 8 << 30
+
+
+def tier_options(swap: bool | str, host_budget: int | str | None, swap_gbps: float | None, cuda: bool,
+                 who: str = "torch_dtr") -> tuple[bool, int | None, float | None]:
+    """``enable``'s host-tier arguments, checked: whether there is a tier, its host budget in bytes (rule 5) and
+    its bandwidth in GB/s (None: the device's default, rule 4). ``cuda``: what ``swap="auto"``
+    means. ``who`` names the front end in the messages."""
+    if swap not in (True, False, "auto"):
+        raise ValueError(f"{who}: swap must be True, False or 'auto' (on for CUDA devices), got {swap!r}")
+    host = parse_budget(host_budget)
+    if swap_gbps is not None and (isinstance(swap_gbps, bool) or not isinstance(swap_gbps, numbers.Real)
+                                  or not swap_gbps > 0):
+        raise ValueError(f"{who}: swap_gbps must be a bandwidth in GB/s > 0 (e.g. 25), got {swap_gbps!r}")
+    if swap is False and (host_budget is not None or swap_gbps is not None):
+        raise ValueError(f"{who}: host_budget and swap_gbps set the host tier, which is off: pass swap=True "
+                         f"(or swap='auto') with them")
+    on = cuda if swap == "auto" else bool(swap)
+    if on and host is None:
+        host = default_host_budget()
+    return on, host, None if swap_gbps is None else float(swap_gbps)
+
+
+def banish_default(swap: bool, budget: int | None, host: int | None, depth: int) -> int:
+    """NOTE [ Swapping ] 8: a host tier that can hold what banishing would pin copies it out instead (depth 0);
+    else ``depth``."""
+    return 0 if swap and (budget is None or host is None or host >= budget) else depth
 
 
 class HostPool:
@@ -101,25 +129,9 @@ class HostTier(Tier):
 
     def copy_out(self, s: Storage) -> Any:
         p: torch.Tensor = s.payload
-        event = None
         with _disable_current_modes(), torch.no_grad():
             src = torch.empty(0, dtype=torch.uint8, device=p.device).set_(p.untyped_storage())
-            if self.cuda and p.device.type == "cuda":
-                host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
-                if SIDE_STREAM:
-                    if self.stream is None:
-                        self.stream = torch.cuda.Stream(p.device)
-                    self.stream.wait_stream(torch.cuda.current_stream(p.device))
-                    with torch.cuda.stream(self.stream):
-                        host.copy_(src, non_blocking=True)
-                        event = torch.cuda.Event()
-                        event.record(self.stream)
-                    self.flight.append((event, p, s.nbytes))
-                    self.pending += s.nbytes
-                else:  # in the compute stream's order: the device block may be reused by what follows at once
-                    host.copy_(src, non_blocking=True)
-            else:
-                host = src.clone()
+            host, event = self.copy_bytes_out(src, p, s.nbytes)
         return host, event, p.dtype, p.storage_offset(), tuple(p.size()), tuple(p.stride()), p.device
 
     def copy_in(self, s: Storage) -> Any:
@@ -127,15 +139,44 @@ class HostTier(Tier):
 
         def run() -> torch.Tensor:
             with torch.no_grad():
-                if event is not None:
-                    torch.cuda.current_stream(device).wait_event(event)
-                # a fresh allocation a simulated device counts (``to(copy=True)`` below autograd is an alias op)
-                flat = torch.empty(host.numel(), dtype=torch.uint8, device=device)
-                flat.copy_(host, non_blocking=device.type == "cuda")
+                flat = self.copy_bytes_in(host, event, device)
                 return torch.empty(0, dtype=dtype, device=device).set_(flat.untyped_storage(), offset, size, stride)
 
         # rule 7: the device may be full although the budget holds
         return run() if self.oom is None else self.oom(run, s.nbytes, None)
+
+    # the copies themselves, of a storage's bytes (also the native front end's: native/swap.py)
+    def copy_bytes_out(self, src: torch.Tensor, keep: Any, nbytes: int) -> tuple[torch.Tensor, Any]:
+        """A host copy of the bytes ``src`` (a uint8 tensor), and the event that says it landed (CUDA); ``keep``
+        holds the device memory until then."""
+        event = None
+        if self.cuda and src.device.type == "cuda":
+            host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=True)
+            if SIDE_STREAM:
+                if self.stream is None:
+                    self.stream = torch.cuda.Stream(src.device)
+                self.stream.wait_stream(torch.cuda.current_stream(src.device))
+                with torch.cuda.stream(self.stream):
+                    host.copy_(src, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record(self.stream)
+                self.flight.append((event, keep, nbytes))
+                self.pending += nbytes
+            else:  # in the compute stream's order: the device block may be reused by what follows at once
+                host.copy_(src, non_blocking=True)
+        else:
+            host = src.clone()
+        return host, event
+
+    @staticmethod
+    def copy_bytes_in(host: torch.Tensor, event: Any, device: torch.device) -> torch.Tensor:
+        """The bytes of a host copy, back on ``device`` (a fresh allocation a simulated device counts:
+        ``to(copy=True)`` below autograd is an alias op)."""
+        if event is not None:
+            torch.cuda.current_stream(device).wait_event(event)
+        flat = torch.empty(host.numel(), dtype=torch.uint8, device=device)
+        flat.copy_(host, non_blocking=device.type == "cuda")
+        return flat
 
     def settle(self, wait: bool) -> None:
         flight = self.flight

@@ -27,11 +27,16 @@
 #    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says.
 # 5. What this preview does not do yet, where eager/front.py does: CUDA devices (allocator accounting, OOM
-#    retries), the host tier, tenants, threads other than the enabling one (theirs run plain unless they read
+#    retries), tenants, threads other than the enabling one (theirs run plain unless they read
 #    managed tensors), torch.compile regions and torch.func transforms (not told apart), learned sizes (meta
 #    kernels only); an op that writes more than one managed value pins them. An evicted value read without an
 #    op sees no data: ``t.tolist()`` raises PyTorch's "unallocated storage" error and ``t.data_ptr()`` is 0 (any
 #    op, even ``t.detach()``, brings it back first); the Python front end's wrapper tensors refuse those reads.
+# 6. The host tier (``enable(swap=True)``; NOTE [ Swapping ], NOTE [ Host copies ]): the core chooses, as with
+#    the Python front end, and its tier (native/swap.py) moves a victim's bytes out of its slot into a plain
+#    tensor (``Value.take``), copies them to host memory as the Python front end's tier does, and copies them back
+#    into the same slot (``Value.fill``). The modelled costs, the Python path per recomputed op included
+#    (NOTE [ Host copies ] 6, measured for the Python front end), are the same, so are the decisions.
 """
 
 from __future__ import annotations
@@ -99,11 +104,18 @@ def available() -> bool:
     return True
 
 
-def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int = 2) -> Any:
+def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int | None = None,
+           swap: bool | str = False, host_budget: int | str | None = None, swap_gbps: float | None = None) -> Any:
     """Manage this thread's ops with the compiled front end under ``budget`` (bytes or "2GiB"); returns the
-    session (``.rt`` is its core runtime)."""
+    session (``.rt`` is its core runtime). ``swap``, ``host_budget``, ``swap_gbps``: the host tier, as
+    ``torch_dtr.enable`` takes them (rule 6); ``banish_depth`` as there (default 2, or 0 with a host tier at
+    least as large as the budget)."""
     global _SESSION
+    import torch
+
+    from ..eager.swap import banish_default, tier_options
     from .session import Session
+    from .swap import NativeTier
 
     if _SESSION is not None and _SESSION.active:
         raise RuntimeError("torch_dtr.native: already enabled; call torch_dtr.native.disable() first")
@@ -114,10 +126,18 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
                            "(call torch_dtr.disable() first)")
     nbytes = parse_budget(budget)
     get_policy(policy)
+    if banish_depth is not None and (isinstance(banish_depth, bool) or not isinstance(banish_depth, int)
+                                     or banish_depth < 0):
+        raise ValueError(f"torch_dtr.native: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
+    cuda = torch.cuda.is_available()
+    swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda, "torch_dtr.native")
+    if banish_depth is None:
+        banish_depth = banish_default(swap, nbytes, host, 2)
     ext = load()
     if _SESSION is not None:
         ext.forget()
-    s = Session(ext, nbytes, policy, banish_depth)
+    tier = NativeTier(ext, cuda, host, None if gbps is None else gbps * 1e9) if swap else None
+    s = Session(ext, nbytes, policy, banish_depth, tier)
     s.active = True
     _SESSION = s
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook

@@ -1035,6 +1035,12 @@ py::object storage_of(const at::Tensor& t) {
   return py::reinterpret_borrow<py::object>(h->buffer->storage);
 }
 
+py::object session_of(const at::Tensor& t) {  // the session whose core keeps t's storage
+  Handle* h = handle_of(t);
+  if (!h) return py::none();
+  return (*g_sessions)[h->buffer->epoch];
+}
+
 // A plain tensor with t's value, sharing its memory (the storage is pinned by the caller, in the core).
 at::Tensor plain(const at::Tensor& t) {
   Handle* h = handle_of(t);
@@ -1049,6 +1055,34 @@ at::Tensor plain(const at::Tensor& t) {
   return r;
 }
 
+// The host tier (NOTE [ Native front end ] 6): a value's bytes leave its slot for a plain tensor that the tier
+// copies out, and a copy's bytes come back into the same slot (the handles and recipes that name it see them).
+at::Tensor take_bytes(Value& v) {
+  Slot* s = v.slot.get();
+  TORCH_CHECK(!s->shared && s->resident(), "torch_dtr native: only a resident value that the runtime alone holds "
+              "can be copied out");
+  c10::StorageImpl* si = s->storage.unsafeGetStorageImpl();
+  const auto n = static_cast<int64_t>(si->nbytes());
+  c10::Storage bytes(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), si->nbytes(), si->set_data_ptr(c10::DataPtr(nullptr, si->device())),
+      si->allocator(), false));
+  Below b;
+  auto t = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(si->device()));
+  t.set_(bytes, 0, {n}, {1});
+  return t;
+}
+
+void fill_bytes(Value& v, const at::Tensor& t) {
+  Slot* s = v.slot.get();
+  c10::StorageImpl* into = s->storage.unsafeGetStorageImpl();
+  c10::StorageImpl* from = t.storage().unsafeGetStorageImpl();
+  TORCH_CHECK(!s->resident() || into->nbytes() == 0, "torch_dtr native: a copy came back into a resident value");
+  TORCH_CHECK(from->nbytes() == into->nbytes() && from->device() == into->device(), "torch_dtr native: a copy of ",
+              into->nbytes(), " bytes on ", into->device(), " came back as ", from->nbytes(), " bytes on ",
+              from->device());
+  into->set_data_ptr_noswap(from->set_data_ptr(c10::DataPtr(nullptr, from->device())));
+}
+
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
@@ -1058,7 +1092,10 @@ std::unordered_map<std::string, int64_t> counters() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Value>(m, "Value").def("drop", [](Value& v) { v.slot->drop(); });
+  py::class_<Value>(m, "Value")
+      .def("drop", [](Value& v) { v.slot->drop(); })
+      .def("take", &take_bytes)
+      .def("fill", &fill_bytes);
   py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, const py::args& lend) { return r.call(lend); });
   m.def("claim", &claim);
   m.def("start", &start);
@@ -1071,6 +1108,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attached", &attached);
   m.def("is_managed", &is_managed);
   m.def("storage_of", &storage_of);
+  m.def("session_of", &session_of);
   m.def("plain", &plain);
   m.def("counters", &counters);
 }

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..core import Memory, Op, Runtime, Storage
+from ..core import Memory, Op, Runtime, Storage, Tier
 from ..core.policies import Policy
 from ..eager.costs import model_cost
 
@@ -37,9 +37,11 @@ class NativeMemory(Memory):
 class Session:
     """One native session: the core runtime and the C++ kernel's calls into it."""
 
-    def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int) -> None:
+    def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int,
+                 tier: Tier | None = None) -> None:
         self.ext = ext
-        self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True)
+        self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True,
+                          tier=tier)
         self.readers: dict[int, list[Op]] = {}  # a constant's StorageImpl address -> recipes that read it
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
@@ -87,6 +89,8 @@ class Session:
             rt.drop_ref(s)
         try:
             mode = wrote[1] if wrote is not None else ""
+            if mode == "plain" and wrote[0].host is not None:  # type: ignore[index]
+                rt.overwritten(wrote[0])  # type: ignore[index]  # its copy in the host tier is stale now
             if not nbytes and mode not in ("version", "copy"):  # views, plain writes: no clock advance
                 rt.ran(ins, 0.0, None, name)
                 return [], self._room()
@@ -187,7 +191,8 @@ class Session:
     def _plain_grad(self, p: torch.Tensor) -> None:
         g = p.grad
         if g is not None and self.ext.is_managed(g):
-            p.grad = self.unwrap(g)
+            # the session whose core keeps the gradient (a leaf keeps the hooks of every session that saw it)
+            p.grad = self.ext.session_of(g).unwrap(g)
 
     def unwrap(self, t: torch.Tensor) -> torch.Tensor:
         """A plain tensor sharing ``t``'s memory; its storage is pinned (never evicted again)."""
