@@ -5,9 +5,10 @@
 Each contender runs in a process of its own (``torch-dtr bench``'s worker), interleaved over rounds, the
 median step of each round's steps after one warm-up, then the median over rounds: plain PyTorch, torch-dtr
 recomputing only, and torch-dtr with the host tier (``enable(swap=True)``: copies at the CPU's modelled
-2.5 GB/s, NOTE [ Host copies ]) at each ratio of plain's tracked peak; bitwise: losses equal to plain's. On
+2.5 GB/s, NOTE [ Host copies ]) at each ratio of plain's tracked peak, each with the Python front end and the
+compiled one (``torch_dtr.native``, same decisions); bitwise: losses equal to plain's. On
 these machines a copy saves no RAM (host and device are one memory): the figures say what choosing copies
-over recomputation costs in time, which is what the GPU's tier decides the same way. About 15 minutes.
+over recomputation costs in time, which is what the GPU's tier decides the same way. About 25 minutes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from torch_dtr import native
 from torch_dtr.bench import workloads
 from torch_dtr.bench.run import spawn
 
@@ -35,9 +37,14 @@ def main() -> int:
     ap.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.3])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="the bench's quick sizes, one round")
+    ap.add_argument("--fronts", nargs="+", default=["python", "native"], choices=("python", "native"),
+                    help="the front ends (native: the compiled one, where it builds)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "swap-live.md"))
     a = ap.parse_args()
     rounds = 1 if a.quick else a.rounds
+    if "native" in a.fronts and not native.available():
+        print("the compiled front end does not build here: its contenders are left out", file=sys.stderr)
+        a.fronts = [f for f in a.fronts if f != "native"]
     results: dict = {}
     for name in a.model:
         size = workloads.SIZES[name]["quick" if a.quick else "full"]
@@ -46,10 +53,12 @@ def main() -> int:
         peak = plain0["peak_tracked"]
         cs = [{"kind": "plain", "label": "plain PyTorch"}]
         for r in a.ratios:
-            for swap in (False, True):
-                cs.append({"kind": "dtr", "budget": int(r * peak), "ratio": r, "swap": swap,
-                           "max_remats": 3 * plain0["ops"],
-                           "label": f"torch-dtr {r:.0%}" + (" + host copies" if swap else "")})
+            for front in a.fronts:
+                for swap in (False, True):
+                    cs.append({"kind": "dtr", "budget": int(r * peak), "ratio": r, "swap": swap, "front": front,
+                               "max_remats": 3 * plain0["ops"],
+                               "label": f"torch-dtr {r:.0%}" + (" + host copies" if swap else "")
+                                        + (", native" if front == "native" else "")})
         runs: dict[str, list[dict]] = {c["label"]: [] for c in cs}
         for _ in tqdm(range(rounds), desc=name, file=sys.stderr):
             for c in cs:

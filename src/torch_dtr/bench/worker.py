@@ -3,7 +3,8 @@
 Run as ``python -m torch_dtr.bench.worker '<json spec>'``; prints progress on stderr and one JSON object
 (the result) as the last line of stdout. The spec's ``kind``:
 
-- ``plain``, ``dtr`` (``budget`` in bytes or null), ``ckpt_block``, ``ckpt_sqrt``, ``compile``
+- ``plain``, ``dtr`` (``budget`` in bytes or null; ``swap``: the host tier; ``front``: "native" for the
+  compiled front end), ``ckpt_block``, ``ckpt_sqrt``, ``compile``
   (``mem_budget``: torch.compile's activation memory budget): train ``warmup`` + ``steps`` steps, time
   the measured ones; plain and checkpointing also run one untimed step under torch-dtr without a budget,
   whose tracked peak is their live bytes in the runtime's own accounting;
@@ -14,6 +15,7 @@ Run as ``python -m torch_dtr.bench.worker '<json spec>'``; prints progress on st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -42,19 +44,40 @@ class Thrash(RuntimeError):
     pass
 
 
+_STATS = {f.name for f in dataclasses.fields(torch_dtr.Stats)}
 _STEP_START = [0]  # the runtime's rematerialization count when the current step began (see _train)
+
+
+def _runtime() -> Any:
+    """The core runtime of the session on: the Python front end's or the native one's (None: none is on)."""
+    if torch_dtr.enabled():
+        return torch_dtr.runtime()
+    from .. import native
+
+    s = native.current()
+    return s.rt if s is not None and s.active else None
+
+
+def _unwrap(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor with ``t``'s value, as each front end gives one (its storage pinned in the core)."""
+    if torch_dtr.enabled():
+        return torch_dtr.unwrap(t)
+    from .. import native
+
+    s = native.current()
+    return s.unwrap(t) if s is not None and s.active else t
 
 
 def _cap_remats(limit: int) -> None:
     """Stop a thrashing step: raise ``Thrash`` once one step has run more than ``limit`` recomputations."""
-    rt = torch_dtr.runtime()
+    rt = _runtime()
     _STEP_START[0] = rt.rematerializations
 
     def on_event(kind: str, _s: object) -> None:
         if kind == "remat" and rt.rematerializations - _STEP_START[0] > limit:
             raise Thrash(f"more than {limit} recomputations in one step")
 
-    torch_dtr.listen(on_event)
+    rt.listen(on_event)
 
 
 def _train(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict:
@@ -62,13 +85,13 @@ def _train(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> dict
     warm = spec["warmup"]
     for i, b in enumerate(batches):
         torch.manual_seed(100 + i)
-        rt = torch_dtr.runtime() if torch_dtr.enabled() else None
+        rt = _runtime()
         if rt is not None:
             _STEP_START[0] = rt.rematerializations
         t0 = time.perf_counter()
         loss = step(model, b)
         dt = time.perf_counter() - t0
-        losses.append(float(torch_dtr.unwrap(loss)))
+        losses.append(float(_unwrap(loss)))
         if i >= warm:
             times.append(dt)
         print(f"    {spec['label']}: step {i + 1}/{len(batches)} {dt:.2f} s", file=sys.stderr, flush=True)
@@ -115,7 +138,12 @@ def run(spec: dict) -> dict:
             return res | {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         res["compile_s"] = time.perf_counter() - t0
     if kind == "dtr":
-        torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False))
+        if spec.get("front") == "native":  # the compiled front end (docs/native.md)
+            from .. import native
+
+            native.enable(spec["budget"], swap=spec.get("swap", False))
+        else:
+            torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False))
         _cap_remats(spec.get("max_remats", 10**9))  # per step; run.py passes 3 x ops per step, as the search
     try:
         res |= _train(spec, model, batches, step)
@@ -123,8 +151,12 @@ def run(spec: dict) -> dict:
         res["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
         if kind == "dtr":
-            st = torch_dtr.stats()
-            torch_dtr.disable()
+            if spec.get("front") == "native":
+                st = torch_dtr.Stats(**{k: v for k, v in native.stats().items() if k in _STATS})
+                native.disable()
+            else:
+                st = torch_dtr.stats()
+                torch_dtr.disable()
             res |= {"peak_tracked": st.peak_bytes, "evictions": st.evictions, "remats": st.rematerializations,
                     "remat_s": st.remat_seconds, "search_s": st.search_seconds, "ops": st.ops,
                     "constant_bytes": st.constant_bytes, "ops_per_step": st.ops / n, "swaps_in": st.swaps_in,
@@ -228,7 +260,7 @@ def _timeline(spec: dict, model: torch.nn.Module, batches: list, step: Any) -> d
             if kind == "remat" and rt.rematerializations > cap:
                 raise Thrash(f"more than {cap} recomputations in one step")
 
-        torch_dtr.listen(on_event)
+        rt.listen(on_event)
         marks: list[int] = []
         try:
             torch.manual_seed(0)
