@@ -133,3 +133,26 @@ def test_bad_tier_arguments_say_what_was_wrong():
     with pytest.raises(ValueError, match="swap_gbps must be a bandwidth"):
         native.enable(swap=True, swap_gbps=0)
     assert native.current() is None or not native.current().active
+
+
+def test_the_bench_worker_runs_native_contenders_with_the_host_tier_as_the_python_ones_at_80():
+    """``benchmarks/swap_live.py``'s contenders (bench worker, quick LSTM loop, three AdamW steps): plain's losses
+    bit for bit, and the same evictions and copies from both front ends."""
+    from torch_dtr.bench import worker, workloads
+
+    common = {"workload": "lstm", "size": workloads.SIZES["lstm"]["quick"].__dict__, "warmup": 1, "steps": 2,
+              "threads": 1, "label": "test"}
+    threads = torch.get_num_threads()  # (the worker sets its own)
+    try:
+        plain = worker.run(common | {"kind": "plain"})
+        out = {}
+        for front in ("python", "native"):
+            r = worker.run(common | {"kind": "dtr", "budget": int(0.8 * plain["peak_tracked"]), "swap": True,
+                                     "front": front})
+            assert "error" not in r, r
+            assert r["losses"] == plain["losses"], front
+            out[front] = (r["evictions"], r["remats"], r["swaps_in"], r["peak_tracked"])
+    finally:
+        torch.set_num_threads(threads)
+    assert out["native"] == out["python"]
+    assert out["native"][2] > 0, "nothing was copied back: it tested nothing"
