@@ -40,8 +40,13 @@ def main() -> int:
     ap.add_argument("--fronts", nargs="+", default=["python", "native"], choices=("python", "native"),
                     help="the front ends (native: the compiled one, where it builds)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "swap-live.md"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     a = ap.parse_args()
     rounds = 1 if a.quick else a.rounds
+    if a.report_only:
+        results = json.loads(Path(a.out).with_suffix(".json").read_text())
+        Path(a.out).write_text(_report(results, rounds, " ".join(x for x in sys.argv[1:] if x != "--report-only")))
+        return 0
     if "native" in a.fronts and not native.available():
         print("the compiled front end does not build here: its contenders are left out", file=sys.stderr)
         a.fronts = [f for f in a.fronts if f != "native"]
@@ -77,7 +82,8 @@ def _report(results: dict, rounds: int, args: str) -> str:
              "contender in its own process, interleaved; step: median over rounds of the median step after one "
              "warm-up. On a CPU the copies are in the same memory: this measures what copying instead of "
              "recomputing costs in time, not memory saved. Host tier peak: the most bytes of copies held at once "
-             "(of the first round).", ""]
+             "(of the first round). Peak RSS: the process's largest resident set over the rounds (`ru_maxrss`; the "
+             "compiled front end's is inflated by the C library's heap: docs/native.md).", ""]
     for name, w in results.items():
         runs = w["runs"]
         plain = statistics.median(r["step_s"] for r in runs["plain PyTorch"] if "step_s" in r)
@@ -85,11 +91,12 @@ def _report(results: dict, rounds: int, args: str) -> str:
         lines += [f"## {name}", "", f"{workloads.describe(name, workloads.Size(**w['size']))}; tracked peak "
                   f"{w['peak'] / 2**20:.1f} MiB.", "",
                   "| contender | budget | step | vs plain | bitwise | evictions | recomputations/step | copies back | "
-                  "host tier peak | note |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+                  "host tier peak | peak RSS | note |",
+                  "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for label, rs in runs.items():
             ok = [r for r in rs if "step_s" in r]
             if not ok:
-                lines.append(f"| {label} | - | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
+                lines.append(f"| {label} | - | - | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
                 continue
             step = statistics.median(r["step_s"] for r in ok)
             r0 = ok[0]
@@ -99,7 +106,8 @@ def _report(results: dict, rounds: int, args: str) -> str:
             remats = f"{r0['remats'] / n:.0f}" if "remats" in r0 else "-"
             host = f"{r0['host_peak'] / 2**20:.1f} MiB" if r0.get("host_peak") else "-"
             lines.append(f"| {label} | {budget} | {step:.3f} s | {step / plain:.2f}x | {same} | "
-                         f"{r0.get('evictions', '-')} | {remats} | {r0.get('swaps_in', '-')} | {host} | |")
+                         f"{r0.get('evictions', '-')} | {remats} | {r0.get('swaps_in', '-')} | {host} | "
+                         f"{max(r['peak_rss'] for r in ok) / 2**30:.2f} GiB | |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
