@@ -394,3 +394,22 @@ def test_every_new_parameter_gets_its_gradient_back_plain():
         assert not native.is_managed(p.grad)
         del p
     native.disable()
+
+
+def test_a_later_sessions_gradients_are_unwrapped_by_that_session():
+    """A parameter keeps the plain-gradient hook of every session that saw it: each hook must hand the gradient to
+    the session whose core keeps it, not to its own (an earlier session's core pinned a later one's storage)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    x = torch.randn(16, 32)
+    first = native.enable()
+    m(x).sum().backward()
+    native.disable()
+    m.zero_grad(set_to_none=True)
+    second = native.enable(10**9)
+    m(x).sum().backward()
+    assert second is not first
+    assert all(p.grad is not None and not native.is_managed(p.grad) for p in m.parameters())
+    second.rt.check()  # (the earlier session's core pinned this one's gradients behind its back: invariant 4)
+    first.rt.check()
+    native.disable()
