@@ -82,8 +82,7 @@ def _report(results: dict, rounds: int, args: str) -> str:
              "contender in its own process, interleaved; step: median over rounds of the median step after one "
              "warm-up. On a CPU the copies are in the same memory: this measures what copying instead of "
              "recomputing costs in time, not memory saved. Host tier peak: the most bytes of copies held at once "
-             "(of the first round). Peak RSS: the process's largest resident set over the rounds (`ru_maxrss`; the "
-             "compiled front end's is inflated by the C library's heap: docs/native.md).", ""]
+             "(of the first round). Peak RSS: the process's largest resident set over the rounds (`ru_maxrss`).", ""]
     for name, w in results.items():
         runs = w["runs"]
         plain = statistics.median(r["step_s"] for r in runs["plain PyTorch"] if "step_s" in r)
