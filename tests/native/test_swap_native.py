@@ -7,55 +7,21 @@ recomputations and copies out and back must be equal, and results plain PyTorch'
 
 from __future__ import annotations
 
-import dataclasses
-import gc
-
 import pytest
 import torch
-from test_native import PROGRAMS, _runner
+from test_native import PROGRAMS, _off, _runner  # noqa: F401 (_off: the autouse fixture)
+from test_native import _outcomes as _front_outcomes
 
-import torch_dtr
 from torch_dtr import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the C++ front end cannot be built here")
 
 
-@pytest.fixture(autouse=True)
-def _off():
-    yield
-    native.disable()
-    torch_dtr.disable()
-    gc.collect()
-
-
-def _python_stats():
-    return dataclasses.asdict(torch_dtr.stats())
-
-
-FRONTS = {"python": (torch_dtr.enable, torch_dtr.disable, _python_stats),
-          "native": (native.enable, native.disable, native.stats)}
 KEYS = ("evictions", "rematerializations", "swaps_out", "swaps_in", "host_peak_bytes", "peak_bytes")
 
 
 def _outcomes(step, front, fracs, **tier):
-    enable, disable, stats = FRONTS[front]
-    enable()
-    step()
-    peak = stats()["peak_bytes"]
-    disable()
-    out = {}
-    for frac in fracs:
-        enable(int(peak * frac), swap=True, **tier)
-        try:
-            result = step()
-            s = stats()
-            out[frac] = ("ok", result, tuple(s[k] for k in KEYS), s["budget_bytes"])
-        except torch_dtr.BudgetError as e:
-            msg = str(e).split(";")[0]
-            out[frac] = ("BudgetError", msg.split(" cannot be kept")[0])
-        finally:
-            disable()
-    return out
+    return _front_outcomes(step, front, fracs, KEYS, swap=True, **tier)[1]
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -88,7 +54,7 @@ def test_values_come_back_by_copy_with_a_host_budget_of_their_size():
     peak = native.stats()["peak_bytes"]
     native.disable()
     runs = {}
-    for host in (None, 8 << 10):  # at 80% of the peak (a host budget this small fails at 70%, as in eager/)
+    for host in (None, 8 << 10):  # at 80% (at 70% a tier this small makes both front ends raise: decisions.md)
         native.enable(int(peak * 0.8), swap=True, host_budget=host)
         result = step()
         s = native.stats()
