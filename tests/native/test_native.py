@@ -423,18 +423,21 @@ def test_while_enabled_a_freed_cpu_blocks_hole_takes_its_successor():
     """NOTE [ Native front end ] 7: with c10's aligned blocks a hole between two live blocks cannot take a block of
     its own size (the C heap grew to 5x what was in use on the bench's LSTM loop); with the front end's allocator
     it can. Blocks stay 64-byte aligned, and disable() gives the CPU allocator back."""
-    def reused() -> bool:
-        n = 1 << 18  # 1 MiB of float32, above glibc's small bins
-        blocks = [torch.empty(n) for _ in range(16)]
-        holes = {blocks[i].data_ptr() for i in range(1, 15, 2)}  # interior ones: live blocks on both sides
-        for i in range(1, 15, 2):
-            blocks[i] = None
-        d = torch.empty(n)
-        assert all(b is None or b.data_ptr() % 64 == 0 for b in blocks) and d.data_ptr() % 64 == 0
-        return d.data_ptr() in holes
-
-    assert not reused()
+    ext = native.load()
+    assert not ext.cpu_blocks_on()
     native.enable()
-    assert reused()
+    assert ext.cpu_blocks_on()
+    n = 1 << 18  # 1 MiB of float32, above glibc's small bins
+    torch.empty(8 * n)  # freed at once: glibc then serves blocks up to its size from the heap, not by mmap
+    blocks = [torch.empty(n) for _ in range(16)]
+    ptrs = [b.data_ptr() for b in blocks]
+    assert all(p % 64 == 0 for p in ptrs)
+    def adjacent(lo: int, hi: int) -> bool:  # hi's block starts right after lo's (a chunk header and alignment apart)
+        return 4 * n < hi - lo < 4 * n + 256
+
+    # a block between two live neighbours adjacent to it in memory (fresh blocks mostly come one after the other)
+    i = next(i for i in range(1, 15) if adjacent(ptrs[i - 1], ptrs[i]) and adjacent(ptrs[i], ptrs[i + 1]))
+    blocks[i] = None
+    assert torch.empty(n).data_ptr() == ptrs[i], "the hole did not take a block of its own size"
     native.disable()
-    assert not reused()
+    assert not ext.cpu_blocks_on()

@@ -216,6 +216,8 @@ struct Blocks final : c10::Allocator {
 Blocks g_blocks;
 c10::Allocator* g_cpu_was = nullptr;
 
+bool cpu_blocks_on() { return c10::GetCPUAllocator() == &g_blocks; }
+
 void cpu_blocks(bool on) {
   if (on && !g_cpu_was) {
     g_cpu_was = c10::GetCPUAllocator();
@@ -1228,4 +1230,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("plain", &plain);
   m.def("counters", &counters);
   m.def("cpu_blocks", &cpu_blocks);
+  m.def("cpu_blocks_on", &cpu_blocks_on);
 }
