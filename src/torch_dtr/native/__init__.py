@@ -119,6 +119,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     global _SESSION
     import torch
 
+    from ..eager.front import DEFAULT_BANISH_DEPTH
     from ..eager.swap import banish_default, tier_options
     from .session import Session
     from .swap import NativeTier
@@ -138,7 +139,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     cuda = torch.cuda.is_available()
     swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda, "torch_dtr.native")
     if banish_depth is None:
-        banish_depth = banish_default(swap, nbytes, host, 2)
+        banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
     ext = load()
     if _SESSION is not None:
         ext.forget()

@@ -3,6 +3,8 @@ Python front end's copies (``eager/swap.py``), over the slots of the C++ front e
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,31 +22,29 @@ class NativeTier(HostTier):
         super().__init__(cuda, budget, bandwidth)
         self.ext = ext
 
-    def copy_out(self, s: Storage) -> Any:
-        v = s.payload
-        ext = self.ext
-        was = ext.attached()  # the copies are not the program's ops (and must not be managed: no_grad ones would)
-        if was:
-            ext.attach(False)
-        try:
-            src = v.take()  # the bytes now belong to ``src`` (the slot holds none): kept alive until copied
-            with torch.no_grad():
-                host, event = self.copy_bytes_out(src, src, s.nbytes)
-        finally:
-            if was:
-                ext.attach(True)
-        return host, event, src.device, v
-
-    def copy_in(self, s: Storage) -> Any:
-        host, event, device, v = s.host
+    @contextlib.contextmanager
+    def _below(self) -> Iterator[None]:
+        """The copies are not the program's ops (and must not be managed: ``no_grad`` ones would be)."""
         ext = self.ext
         was = ext.attached()
         if was:
             ext.attach(False)
         try:
             with torch.no_grad():
-                v.fill(self.copy_bytes_in(host, event, device))
+                yield
         finally:
             if was:
                 ext.attach(True)
+
+    def copy_out(self, s: Storage) -> Any:
+        v = s.payload
+        with self._below():
+            src = v.take()  # the bytes now belong to ``src`` (the slot holds none): kept alive until copied
+            host, event = self.copy_bytes_out(src, src, s.nbytes)
+        return host, event, src.device, v
+
+    def copy_in(self, s: Storage) -> Any:
+        host, event, device, v = s.host
+        with self._below():
+            v.fill(self.copy_bytes_in(host, event, device))
         return v
