@@ -100,10 +100,10 @@ def work(spec: dict) -> dict:
                              swap=spec.get("swap", False))
             if cuda:
                 out["allocator_settings"] = _allocator_settings()
-        if kind == "native":  # the compiled front end (a preview: no budget on CUDA, docs/native.md)
+        if kind == "native":  # the compiled front end (a preview: its budget counts its own values, docs/native.md)
             from .. import native
 
-            native.enable(spec.get("budget"))
+            native.enable(spec.get("budget"), swap=spec.get("swap", False))
         noop = (_noop_mode() if kind == "noop" else torch.autograd.graph.save_on_cpu(pin_memory=cuda)
                 if kind == "save_on_cpu" else contextlib.nullcontext())
         prof = cProfile.Profile() if spec.get("profile") else None
@@ -135,7 +135,8 @@ def work(spec: dict) -> dict:
                 nst = native.stats()
                 native.disable()
                 out |= {"evictions": nst["evictions"], "remats": nst["rematerializations"],
-                        "ops": nst["managed_ops"], "peak_counted": nst["peak_bytes"]}
+                        "ops": nst["managed_ops"], "peak_counted": nst["peak_bytes"], "floor": nst["floor_bytes"],
+                        "swaps_out": nst["swaps_out"], "swaps_in": nst["swaps_in"], "host_peak": nst["host_peak_bytes"]}
             if kind == "dtr":
                 st = torch_dtr.stats()
                 torch_dtr.disable()
