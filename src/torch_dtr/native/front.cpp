@@ -14,7 +14,9 @@
 // 3. The handles of one storage share a Buffer, which holds the core's Storage object; when the last handle
 //    dies, the Buffer queues that object, and the next call into the core drops its reference (drop_ref).
 // 4. Locking: the GIL, then g_mutex (released while waiting, so that a thread holding the GIL never waits for
-//    one that needs it). Handle deaths only touch the queue (its own mutex).
+//    one that needs it). Handle deaths only touch the queue (its own mutex). Nothing touches a Python object
+//    without the GIL: the kernel runs with it released (PyTorch's bindings release it around every op), and
+//    from Python 3.12 on even allocating a Python object without it crashes (per-interpreter allocator state).
 // 5. The records that live as long as a value or a recipe are allocated from a heap of their own (`pool`).
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -276,11 +278,18 @@ struct Facts {  // per operator, read once from its schema
   py::object name;  // "aten.mul.Tensor": for the core's messages and the cost model
 };
 
-const Facts& facts(const c10::OperatorHandle& op) {
-  static std::unordered_map<const c10::FunctionSchema*, Facts> cache;
+// Facts are built once per operator, under the GIL (their name is a Python string) and a mutex (any thread's
+// ops reach the kernel: autograd's device threads run backward ops on CUDA), and kept for good (never
+// destroyed: no GIL at exit); each thread reads them through a map of its own, without locks.
+std::mutex g_facts_mutex;
+auto* g_facts = new std::unordered_map<const c10::FunctionSchema*, Facts>();
+
+const Facts& build_facts(const c10::OperatorHandle& op) {
+  py::gil_scoped_acquire gil;
+  std::lock_guard<std::mutex> lock(g_facts_mutex);
   const auto& schema = op.schema();
-  auto it = cache.find(&schema);
-  if (it != cache.end()) return it->second;
+  auto it = g_facts->find(&schema);
+  if (it != g_facts->end()) return it->second;
   Facts f;
   for (const auto& a : schema.arguments()) {
     bool w = a.alias_info() && a.alias_info()->isWrite();
@@ -311,7 +320,17 @@ const Facts& facts(const c10::OperatorHandle& op) {
   for (const char* n : aliasing) f.unannotated |= base == n;
   f.name = py::str(full.substr(0, full.find("::")) + "." + base + "." +
                    (schema.overload_name().empty() ? "default" : schema.overload_name()));
-  return cache.emplace(&schema, std::move(f)).first->second;
+  return g_facts->emplace(&schema, std::move(f)).first->second;
+}
+
+const Facts& facts(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, const Facts*> mine;
+  const auto* schema = &op.schema();
+  auto it = mine.find(schema);
+  if (it != mine.end()) return *it->second;
+  const Facts& f = build_facts(op);
+  mine.emplace(schema, &f);
+  return f;
 }
 
 template <typename F>
