@@ -828,6 +828,11 @@ class Runtime:
                 self._raise_budget(nbytes, where)
             self._evict(victim, "evict")
 
+    @property
+    def sync_due(self) -> bool:
+        """Whether the next ``reserve`` queries the device (a driver that skips ``reserve`` for ops that fit asks)."""
+        return self.ops >= self._next_sync
+
     def sync(self) -> None:
         """Learn the device's bytes in use from its allocator: what the runtime does not track is ``outside``
         (NOTE [ Budget accounting ] 4). For drivers after the device's usage changed outside their ops (an

@@ -61,7 +61,7 @@ from .rng import RngState
 # that component sums stay consistent.
 
 GRANULE = 512  # PyTorch's caching allocator rounds every block up to a multiple of this
-_MIN_EVICT = 1 << 20  # evict at least 1 MiB per retry: the allocator rounds and fragments
+MIN_EVICT = 1 << 20  # evict at least 1 MiB per retry: the allocator rounds and fragments
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -226,8 +226,8 @@ class OutOfMemory:
         """Make room after ``err``: at least ``need``, the bytes the allocator was asked for, and 1 MiB.
         False when nothing was left to evict (the caller re-raises)."""
         asked = self.device.requested(err)
-        first = self._window(asked or need or _MIN_EVICT)
-        want = sum(s.nbytes for s in first) if first else max(need, asked, _MIN_EVICT)
+        first = self._window(asked or need or MIN_EVICT)
+        want = sum(s.nbytes for s in first) if first else max(need, asked, MIN_EVICT)
         return self.rt.out_of_memory(want, first) > 0
 
     def _window(self, need: int) -> list[Storage]:

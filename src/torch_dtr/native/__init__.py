@@ -38,11 +38,21 @@
 #    into the same slot (``Value.fill``). The modelled costs, the Python path per recomputed op included
 #    (NOTE [ Host copies ] 6, measured for the Python front end), are the same, so are the decisions.
 # 7. While enabled, CPU tensors come from an allocator of this front end's (front.cpp, `Blocks`): plain `malloc`
-#    with 72 bytes to spare, aligned inside, instead of c10's 64-byte `posix_memalign`. A hole that a freed block
+#    with 80 bytes to spare, aligned inside, instead of c10's 64-byte `posix_memalign`. A hole that a freed block
 #    leaves in the C heap cannot take an aligned block of the same size, and this front end frees values in an
 #    order that leaves such holes (a value's data goes when the core drops it, not when its tensor dies): the heap
 #    of the bench's LSTM loop grew to 1.96 GiB for 0.35 GiB in use; with `Blocks`, 0.34 GiB (docs/native.md).
 #    Tensors keep their allocator after ``disable()``. CPU memory profiling does not see these blocks.
+# 8. Device memory (NOTE [ Device memory ] 1-3, as the Python front end): on CUDA the budget bounds the bytes
+#    PyTorch's allocator has handed out, whoever asked for them. The core learns what it does not track
+#    (``outside``: optimizer state, workspaces, tensors made before enabling) from ``device.usage()`` every 64
+#    managed ops that need room, after each optimizer step (whose plain updates allocate its state) and before
+#    a BudgetError; the kernel's fast path (no call into the core for an op that fits) asks the core again
+#    once a query is due. Outputs on CUDA count as its allocator rounds them (512 B). A managed op that runs out
+#    of the device's memory (with or without a budget) makes the core evict at least what the allocator was
+#    asked for, gets its arguments and random state back, and runs again (front.cpp, `run_retrying`); re-raised
+#    when nothing is left to evict. Not yet: retries of recomputations and of plain ops (an optimizer's step),
+#    and the window of adjacent blocks that the Python front end evicts first (NOTE [ Device memory ] 4).
 """
 
 from __future__ import annotations
@@ -111,11 +121,13 @@ def available() -> bool:
 
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int | None = None,
-           swap: bool | str = False, host_budget: int | str | None = None, swap_gbps: float | None = None) -> Any:
+           swap: bool | str = False, host_budget: int | str | None = None, swap_gbps: float | None = None,
+           device: Any = None) -> Any:
     """Manage this thread's ops with the compiled front end under ``budget`` (bytes or "2GiB"); returns the
     session (``.rt`` is its core runtime). ``swap``, ``host_budget``, ``swap_gbps``: the host tier, as
     ``torch_dtr.enable`` takes them (rule 6); ``banish_depth`` as there (default 2, or 0 with a host tier at
-    least as large as the budget)."""
+    least as large as the budget). ``device``: the allocator whose count the budget bounds (rule 8; default: the
+    current CUDA device where CUDA is available, else none: the budget bounds the values this front end counts)."""
     global _SESSION
     import torch
 
@@ -136,7 +148,16 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if banish_depth is not None and (isinstance(banish_depth, bool) or not isinstance(banish_depth, int)
                                      or banish_depth < 0):
         raise ValueError(f"torch_dtr.native: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
-    cuda = torch.cuda.is_available()
+    from ..eager.device import CudaDevice, Device
+    from ..eager.simdevice import SimulatedDevice
+
+    if device is not None and (not isinstance(device, Device) or isinstance(device, SimulatedDevice)):
+        raise TypeError(f"torch_dtr.native: device must be a torch_dtr device with an allocator count (CudaDevice) or "
+                        f"None, got {device!r} ({type(device).__name__}); the SimulatedDevice is a dispatch mode that "
+                        f"does not see this front end's evictions: use it with torch_dtr.enable()")
+    if device is None and torch.cuda.is_available():
+        device = CudaDevice()
+    cuda = isinstance(device, CudaDevice)
     swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda, "torch_dtr.native")
     if banish_depth is None:
         banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
@@ -144,16 +165,17 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if _SESSION is not None:
         ext.forget()
     tier = NativeTier(ext, cuda, host, None if gbps is None else gbps * 1e9) if swap else None
-    s = Session(ext, nbytes, policy, banish_depth, tier)
+    s = Session(ext, nbytes, policy, banish_depth, tier, device)
     s.active = True
     _SESSION = s
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     # inside an optimizer's step() its updates stay plain (NOTE [ Managed vs constant ] 5)
     s.hooks = (register_optimizer_step_pre_hook(lambda *_: ext.set_stepping(True)),
-               register_optimizer_step_post_hook(lambda *_: ext.set_stepping(False)))
+               register_optimizer_step_post_hook(lambda *_: s.stepped()))
     ext.start(s, -1 if nbytes is None else nbytes)
     ext.cpu_blocks(True)  # rule 7
+    ext.set_retry(device is not None)  # rule 8
     ext.attach(True)
     return s
 
@@ -166,6 +188,7 @@ def disable() -> None:
         return
     s.active = False
     s.ext.attach(False)
+    s.ext.set_retry(False)
     s.ext.cpu_blocks(False)
     s.ext.stop()
     for h in s.hooks:

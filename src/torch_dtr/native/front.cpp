@@ -26,8 +26,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <sys/mman.h>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -121,6 +123,7 @@ int64_t g_epoch = -1;  // the current session's number
 struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   py::object session, before, ran, cost, written, see;
   bool active = false, closed = false;
+  bool retry = false;  // a device is followed: an op that runs out of its memory evicts and runs again
   int64_t budget = -1;
 };
 Py* g_py = new Py();
@@ -195,21 +198,42 @@ at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
 // ------------------------------------------------------------------ CPU blocks (NOTE [ Native front end ] 7)
 // c10's CPU allocator asks the C library for 64-byte aligned blocks; a hole left in the heap by a freed block
 // cannot take a new block of the same size (the alignment needs more than the hole has), so with this front
-// end's order of frees the heap grew instead of reusing its holes. This allocator asks for 72 bytes more with
-// plain malloc and aligns inside: a freed block's hole fits its successor of the same size exactly.
+// end's order of frees the heap grew instead of reusing its holes. This allocator asks for 80 bytes more with
+// plain malloc and aligns inside: a freed block's hole fits its successor of the same size exactly. It counts
+// the bytes it has handed out (and their peak): a CPU process's allocator count, as CUDA's caching allocator
+// keeps one (`cpu_blocks_usage`; tests bound it with a budget, NOTE [ Native front end ] 8).
+// A capacity (tests: `cpu_blocks_capacity`) makes an allocation that would pass it raise c10's OutOfMemoryError,
+// worded as CUDA's allocator words it, so that out-of-memory retries run on the CPU.
+std::atomic<int64_t> g_blocks_now{0}, g_blocks_peak{0}, g_blocks_capacity{-1};
+
 struct Blocks final : c10::Allocator {
-  static constexpr size_t kAlign = 64;
-  // the block's start is kept just below the aligned data, so that data and context are one pointer (the raw
-  // interface, which some kernels use for scratch memory, requires it)
+  static constexpr size_t kAlign = 64, kHead = 2 * sizeof(void*);
+  // the block's start (whose first word is the size asked for) is kept just below the aligned data, so that
+  // data and context are one pointer (the raw interface, which some kernels use for scratch memory, requires it)
   static void release(void* data) {
-    if (data) std::free(static_cast<void**>(data)[-1]);
+    if (!data) return;
+    void* raw = static_cast<void**>(data)[-1];
+    g_blocks_now.fetch_sub(static_cast<int64_t>(*static_cast<size_t*>(raw)), std::memory_order_relaxed);
+    std::free(raw);
   }
   c10::DataPtr allocate(size_t n) override {
-    void* raw = std::malloc(n + kAlign + sizeof(void*));
+    const int64_t cap = g_blocks_capacity.load(std::memory_order_relaxed);
+    if (cap >= 0 && g_blocks_now.load(std::memory_order_relaxed) + static_cast<int64_t>(n) > cap) {
+      char what[160];
+      std::snprintf(what, sizeof what, "CPU blocks out of memory. Tried to allocate %.2f MiB (capacity %lld B)",
+                    static_cast<double>(n) / (1 << 20), static_cast<long long>(cap));
+      TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+    }
+    void* raw = std::malloc(n + kAlign + kHead);
     if (!raw) throw std::bad_alloc();
-    const auto start = reinterpret_cast<uintptr_t>(raw) + sizeof(void*);
+    *static_cast<size_t*>(raw) = n;
+    const auto start = reinterpret_cast<uintptr_t>(raw) + kHead;
     void* data = reinterpret_cast<void*>((start + kAlign - 1) & ~(kAlign - 1));
     static_cast<void**>(data)[-1] = raw;
+    const int64_t now = g_blocks_now.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + n;
+    int64_t peak = g_blocks_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_blocks_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
     return {data, data, &release, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -219,6 +243,14 @@ Blocks g_blocks;
 c10::Allocator* g_cpu_was = nullptr;
 
 bool cpu_blocks_on() { return c10::GetCPUAllocator() == &g_blocks; }
+
+std::pair<int64_t, int64_t> cpu_blocks_usage() {  // bytes handed out now, and at most since the last reset
+  return {g_blocks_now.load(), g_blocks_peak.load()};
+}
+
+void cpu_blocks_reset_peak() { g_blocks_peak.store(g_blocks_now.load()); }
+
+void cpu_blocks_capacity(int64_t n) { g_blocks_capacity.store(n); }  // -1: none
 
 void cpu_blocks(bool on) {
   if (on && !g_cpu_was) {
@@ -552,6 +584,30 @@ struct Recipe {
   c10::Device rng_device = c10::Device(c10::kCPU);
   explicit Recipe(c10::OperatorHandle o) : op(std::move(o)) {}
 
+  // the recipe's arguments on `stack`, each tensor made by `input` (a view of its value's slot)
+  template <typename F>
+  void push_args(torch::jit::Stack& stack, F&& input) const {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto& sl = slots[i];
+      if (kinds[i] == 0) {
+        stack.push_back(args[i]);
+      } else if (kinds[i] == 1) {
+        stack.emplace_back(input(sl[0]));
+      } else if (kinds[i] == 2) {
+        c10::List<at::Tensor> l;
+        for (auto k : sl) l.push_back(input(k));
+        stack.emplace_back(l);
+      } else {
+        c10::List<std::optional<at::Tensor>> l;
+        for (auto k : sl) {
+          if (k == kNone) l.push_back(std::nullopt);
+          else l.push_back(input(k));
+        }
+        stack.emplace_back(l);
+      }
+    }
+  }
+
   // Runs the op again (the core calls this only with every input resident) and moves each missing output's
   // data into its slot; one Value per output, in order. A write replays on a copy of the value written over,
   // or on that value itself when the core lends it (``lend``: nothing else needs it).
@@ -585,30 +641,26 @@ struct Recipe {
       TORCH_INTERNAL_ASSERT(in.slot->resident(), "torch_dtr native: a recipe ran with an evicted input");
       return view_of(in.slot->storage, in);
     };
-    {
-      py::gil_scoped_release nogil;
-      Below below;
-      for (size_t i = 0; i < args.size(); ++i) {
-        const auto& sl = slots[i];
-        if (kinds[i] == 0) {
-          stack.push_back(args[i]);
-        } else if (kinds[i] == 1) {
-          stack.emplace_back(input(sl[0]));
-        } else if (kinds[i] == 2) {
-          c10::List<at::Tensor> l;
-          for (auto k : sl) l.push_back(input(k));
-          stack.emplace_back(l);
-        } else {
-          c10::List<std::optional<at::Tensor>> l;
-          for (auto k : sl) {
-            if (k == kNone) l.push_back(std::nullopt);
-            else l.push_back(input(k));
-          }
-          stack.emplace_back(l);
+    // out of the device's memory (rule 8 of __init__.py): the current session's core evicts, the recipe runs again
+    for (std::exception_ptr oom;; oom = nullptr) {
+      std::string what;
+      {
+        py::gil_scoped_release nogil;
+        Below below;
+        stack.clear();
+        push_args(stack, input);
+        Replay replay(rng, rng_device);
+        try {
+          op.redispatchBoxed(keys, &stack);
+        } catch (const c10::OutOfMemoryError& e) {
+          if (!g_py->retry) throw;
+          oom = std::current_exception();
+          what = e.what_without_backtrace();
         }
       }
-      Replay replay(rng, rng_device);
-      op.redispatchBoxed(keys, &stack);
+      if (!oom) break;
+      // (the core locked this recipe's inputs while it recomputes)
+      if (!g_py->session.attr("oom")(what, 0, py::list()).cast<bool>()) std::rethrow_exception(oom);
     }
     ++g_replays;
     py::list values;
@@ -684,6 +736,31 @@ py::list swept_constants() {  // constants whose last tensor died since the last
 void run_below(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack) {
   Below b;
   op.redispatchBoxed(below, stack);
+}
+
+// An op that ran out of its device's memory (NOTE [ Native front end ] 8, NOTE [ Device memory ] 4): the core
+// evicts (at least what the allocator was asked for; never the op's managed inputs `ins`, which it locks while
+// it chooses), the op's arguments and random state are put back, and it runs again; re-raised when nothing was
+// left to evict. Called with the GIL held.
+void run_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack, size_t start,
+                  const Recipe& rec, int64_t need, const py::list& ins) {
+  const std::vector<IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
+  for (;;) {
+    try {
+      run_below(op, below, stack);
+      return;
+    } catch (const c10::OutOfMemoryError& e) {
+      if (!g_py->session.attr("oom")(std::string(e.what_without_backtrace()), need, ins).cast<bool>()) throw;
+    }
+    stack->resize(start);
+    stack->insert(stack->end(), args.begin(), args.end());
+    if (rec.rng.defined()) {
+      auto gen = at::globalContext().defaultGenerator(rec.rng_device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      Below b;
+      gen.set_state(rec.rng);
+    }
+  }
 }
 
 // A plain op that writes a constant that recipes read: the core invalidates those recipes first.
@@ -903,7 +980,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (!known)
     for (size_t i = start; i < stack->size(); ++i) pin.append(torch::jit::toPyObject((*stack)[i]));
   try {
-    run_below(op, below, stack);
+    if (g_py->retry) run_retrying(op, below, stack, start, *rec, need, ins);
+    else run_below(op, below, stack);
   } catch (...) {
     if (!held.is_none()) g_py->session.attr("release")(held);
     throw;
@@ -936,7 +1014,9 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       if (m.first == si) return;
     made.emplace_back(si, fresh.size());
     auto slot = c10::make_intrusive<Slot>(t.storage());
-    nbytes.append(static_cast<int64_t>(si->nbytes()));
+    // on CUDA counted as the caching allocator counts it, in blocks of 512 bytes (NOTE [ Device memory ] 2)
+    const auto n = static_cast<int64_t>(si->nbytes());
+    nbytes.append(si->device().is_cuda() ? (n + 511) / 512 * 512 : n);
     values.append(Value{slot});
     fresh.push_back(Fresh{k, elem, std::move(slot)});
   };
@@ -1163,6 +1243,7 @@ void set_budget(int64_t b) {
 }
 void forget_room() { g_room = -1; }
 void set_stepping(bool on) { g_stepping = on; }
+void set_retry(bool on) { g_py->retry = on; }
 
 bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
 
@@ -1241,6 +1322,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_budget", &set_budget);
   m.def("forget_room", &forget_room);
   m.def("set_stepping", &set_stepping);
+  m.def("set_retry", &set_retry);
   m.def("attach", &attach);
   m.def("attached", &attached);
   m.def("is_managed", &is_managed);
@@ -1250,4 +1332,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("counters", &counters);
   m.def("cpu_blocks", &cpu_blocks);
   m.def("cpu_blocks_on", &cpu_blocks_on);
+  m.def("cpu_blocks_usage", &cpu_blocks_usage);
+  m.def("cpu_blocks_reset_peak", &cpu_blocks_reset_peak);
+  m.def("cpu_blocks_capacity", &cpu_blocks_capacity);
 }

@@ -16,6 +16,7 @@ import torch
 from ..core import Memory, Op, Runtime, Storage, Tier
 from ..core.policies import Policy
 from ..eager.costs import model_cost
+from ..eager.device import GRANULE, MIN_EVICT, Device
 
 # Recipes that read a constant die with their outputs; the lists of readers are pruned now and then.
 _PRUNE = 64
@@ -38,10 +39,11 @@ class Session:
     """One native session: the core runtime and the C++ kernel's calls into it."""
 
     def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int,
-                 tier: Tier | None = None) -> None:
+                 tier: Tier | None = None, device: Any = None) -> None:
         self.ext = ext
+        self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True,
-                          tier=tier)
+                          tier=tier, device_usage=None if device is None else device.usage)
         self.readers: dict[int, list[Op]] = {}  # a constant's StorageImpl address -> recipes that read it
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
@@ -71,6 +73,8 @@ class Session:
                 for s in writes:
                     self._overwritten(s, name)
             if rt.budget is not None:
+                if self.dev is not None and need:  # the allocator's rounding of the outputs (at most 4 of them)
+                    need += 4 * GRANULE
                 rt.reserve(need, name)
         except BaseException:
             rt.release(held)
@@ -129,12 +133,36 @@ class Session:
         return outs, -1 if budget is None else self._room()
 
     def _room(self) -> int:
-        """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits."""
+        """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits. With a
+        device, none once the core's next query of its allocator is due, so that ``before`` makes it (and a
+        margin for the allocator's rounding of the op's outputs)."""
         rt = self.rt
         if rt.budget is None:
             return -1
         mem = rt.memory
-        return rt.budget - rt.headroom - mem.tracked - mem.outside
+        room = rt.budget - rt.headroom - mem.tracked - mem.outside
+        if self.dev is not None:
+            room = 0 if rt.sync_due else room - 4 * GRANULE
+        return room
+
+    def oom(self, message: str, need: int, ins: list[Storage]) -> bool:
+        """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
+        was asked for (and 1 MiB), never the op's inputs ``ins``; False when nothing was left to evict (the kernel
+        re-raises)."""
+        self.ext.forget_room()
+        rt = self.rt
+        held = rt.acquire(ins) if ins else []
+        try:
+            return rt.out_of_memory(max(Device.requested(RuntimeError(message)), need, MIN_EVICT)) > 0
+        finally:
+            rt.release(held)
+
+    def stepped(self) -> None:
+        """An optimizer's step ended: its plain updates may have allocated (its state, on the first step)."""
+        self.ext.set_stepping(False)
+        if self.dev is not None and self.rt.budget is not None:
+            self.rt.sync()
+            self.ext.forget_room()
 
     def release(self, held: list[Storage]) -> None:
         self.rt.release(held)

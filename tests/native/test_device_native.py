@@ -1,0 +1,182 @@
+"""The compiled front end's budget on a device allocator's count (NOTE [ Native front end ] 8).
+
+On the CPU the count is the front end's own CPU allocator's (`Blocks`, which counts the bytes it hands out), behind
+the same ``Device`` interface as CUDA's caching allocator: everything the program allocates while it is installed
+counts, optimizer state and plain tensors included. Each test runs plain first, then at the budget its name says
+(a fraction of plain's peak count).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import torch_dtr
+from torch_dtr import native
+from torch_dtr.eager.device import Device
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the C++ front end cannot be built here")
+
+
+@pytest.fixture(autouse=True)
+def _off():
+    yield
+    native.disable()
+    native.load().cpu_blocks(False)
+    gc.collect()
+
+
+class BlocksDevice(Device):
+    """The CPU as a device: the count of the native front end's CPU allocator."""
+
+    name = "cpu-blocks"
+
+    def owns(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu"
+
+    def usage(self) -> tuple[int, int]:
+        now, peak = native.load().cpu_blocks_usage()
+        return int(now), int(peak)
+
+
+def _train(budget=None, device=None, steps=3, capacity=None):
+    """An MLP with Adam, built and trained while the counting allocator is installed; returns the losses, the
+    parameters, the allocator's peak count over the steps above its count before them, and the session.
+    ``budget`` and ``capacity`` (the allocator's: more raises OutOfMemoryError) count above the count before."""
+    ext = native.load()
+    ext.cpu_blocks(True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(8)],
+                                torch.nn.Linear(256, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    xs = [torch.randn(2048, 256) for _ in range(steps)]  # activations of 2 MiB, 2.3 MiB of parameters
+    gc.collect()
+    base = ext.cpu_blocks_usage()[0]
+    ext.cpu_blocks_reset_peak()
+    s = None
+    if capacity is not None:
+        ext.cpu_blocks_capacity(base + capacity)
+    if budget is not None or device is not None:
+        s = native.enable(None if budget is None else base + budget, device=device)
+    losses = []
+    try:
+        for x in xs:
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            del loss
+    finally:
+        native.disable()
+        ext.cpu_blocks_capacity(-1)
+    peak = ext.cpu_blocks_usage()[1] - base
+    return losses, [p.detach().clone() for p in model.parameters()], peak, s
+
+
+def test_the_budget_bounds_the_allocators_count_at_60_with_a_device_and_not_without():
+    losses, params, plain_peak, _ = _train()
+    budget = int(plain_peak * 0.6)
+    got, got_params, peak, s = _train(budget, BlocksDevice())
+    assert got == losses and all(torch.equal(a, b) for a, b in zip(got_params, params, strict=True))
+    st = s.rt.stats()
+    assert st.evictions > 0 and st.syncs > 0
+    # the guarantee: the count as the core keeps it never passes the budget after an op; the allocator's own count
+    # may pass it only by an op's scratch memory and what plain code allocated since the last query
+    assert peak <= budget * 1.02, (peak, budget, plain_peak)
+    # without the device the same budget bounds only the values the front end counts: Adam's state, the
+    # gradients and what the model held before are not in it, and the allocator's count passes the budget
+    _, _, loose, s2 = _train(budget, None)
+    assert s2.rt.stats().syncs == 0
+    assert loose > budget * 1.05, (loose, budget)
+
+
+def test_the_core_queries_the_device_every_64_ops_and_after_each_optimizer_step():
+    calls = []
+
+    class Counting(BlocksDevice):
+        def usage(self):
+            calls.append(1)
+            return super().usage()
+
+    _, _, plain_peak, _ = _train()
+    _, _, _, s = _train(int(plain_peak * 2), Counting(), steps=3)
+    st = s.rt.stats()
+    per_step = st.ops / 3
+    assert st.syncs == len(calls)
+    # every 64 ops that reserve, at most (ops that fit skip the core), and once after each step
+    assert 3 <= st.syncs <= st.ops / 64 + 3 + 1, (st.syncs, st.ops, per_step)
+
+
+def test_no_budget_with_a_device_queries_it_at_most_every_64_ops():
+    calls = []
+
+    class Counting(BlocksDevice):
+        def usage(self):
+            calls.append(1)
+            return super().usage()
+
+    _, _, _, s = _train(None, Counting())
+    st = s.rt.stats()
+    assert st.evictions == 0 and len(calls) == st.syncs <= st.ops / 64 + 1
+
+
+def test_out_of_memory_evicts_and_retries_with_no_budget_at_a_capacity_of_70():
+    losses, params, plain_peak, _ = _train()
+    capacity = int(plain_peak * 0.7)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):  # the capacity bites plain PyTorch
+        _train(capacity=capacity)
+    got, got_params, peak, s = _train(None, BlocksDevice(), capacity=capacity)
+    assert got == losses and all(torch.equal(a, b) for a, b in zip(got_params, params, strict=True))
+    st = s.rt.stats()
+    assert st.oom_retries > 0 and st.oom_evicted_bytes >= st.oom_retries * (1 << 20) and st.rematerializations > 0
+    assert peak <= capacity
+
+
+def test_without_a_device_out_of_memory_is_raised_as_plain_pytorch_raises_it():
+    _, _, plain_peak, _ = _train()
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):  # a budget far above: nothing evicted
+        _train(int(plain_peak * 10), None, capacity=int(plain_peak * 0.7))
+
+
+@pytest.mark.parametrize("bad", [torch.device("cpu"), "cuda"])
+def test_a_device_that_is_not_an_allocator_is_refused(bad):
+    with pytest.raises(TypeError, match="device must be a torch_dtr device"):
+        native.enable("1GiB", device=bad)
+
+
+def test_the_simulated_allocator_is_refused_with_the_python_front_end_named():
+    with torch_dtr.SimulatedDevice("64MiB") as dev, pytest.raises(TypeError, match="use it with torch_dtr.enable"):
+        native.enable("1GiB", device=dev)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_the_budget_bounds_max_memory_allocated_at_50():
+    def run(budget):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU())
+                                      for _ in range(8)], torch.nn.Linear(1024, 1)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        xs = [torch.randn(4096, 1024, device="cuda") for _ in range(3)]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        if budget is not None:
+            native.enable(budget)
+        losses = []
+        for x in xs:
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+        native.disable()
+        torch.cuda.synchronize()
+        return losses, torch.cuda.max_memory_allocated()
+
+    losses, peak = run(None)
+    budget = peak // 2
+    got, got_peak = run(budget)
+    assert got == losses
+    assert got_peak <= budget, (got_peak, budget)
