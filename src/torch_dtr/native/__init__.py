@@ -26,8 +26,8 @@
 #    seen on it lives, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
 #    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says.
-# 5. What this preview does not do yet, where eager/front.py does: CUDA devices (allocator accounting, OOM
-#    retries), tenants, threads other than the enabling one (theirs run plain unless they read
+# 5. What this preview does not do yet, where eager/front.py does: out-of-memory retries of plain ops and
+#    eviction windows on CUDA (rule 8), tenants, threads other than the enabling one (theirs run plain unless they read
 #    managed tensors), torch.compile regions and torch.func transforms (not told apart), learned sizes (meta
 #    kernels only); an op that writes more than one managed value pins them. An evicted value read without an
 #    op sees no data: ``t.tolist()`` raises PyTorch's "unallocated storage" error and ``t.data_ptr()`` is 0 (any
