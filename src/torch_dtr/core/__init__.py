@@ -1,5 +1,11 @@
 """The framework-agnostic DTR core. It must never import torch (a test checks this)."""
 
+# ruff: noqa: E402  (the compiled core, if asked for, is put on the path before the modules are imported)
+
+from .compiled import activate as _activate
+
+COMPILED = _activate(__path__)  # TORCH_DTR_CORE=compiled: the same modules, compiled (NOTE [ Compiled core ])
+
 from .errors import BudgetError, ConstantChangedError, InternalError, fmt_bytes
 from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, POLICIES, Policy, get_policy, register

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .records import Storage
+
+try:  # only the compiled core reads it (NOTE [ Compiled core ]); interpreted, it is a no-op
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover - mypy_extensions comes with mypy
+
+    def mypyc_attr(*_args: object, **_kw: object) -> Any:  # type: ignore  # noqa: PGH003
+        return lambda cls: cls
 
 # NOTE [ Budget accounting ]
 #
@@ -27,6 +36,7 @@ from .records import Storage
 #    which ``reserve`` keeps free from then on: the budget is kept, after a first excess that is measured.
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # front ends subclass it
 class Memory:
     """Counts tracked bytes and their peak. Replace it to model an address space (fragmentation)."""
 

@@ -110,11 +110,11 @@ register(Policy("dtr_chain", _h_chain, "chain"))
 DEFAULT_POLICY = "dtr_comp"  # see dtr_chain and dtr_comp above for why
 
 
-def get_policy(policy: str | Policy) -> Policy:
+def get_policy(policy: object) -> Policy:  # (anything: a wrong type gets the message below)
     if isinstance(policy, Policy):
         return policy
     try:
-        return POLICIES[policy]
+        return POLICIES[policy]  # type: ignore[index]
     except (KeyError, TypeError):
         raise ValueError(
             f"torch_dtr: unknown policy {policy!r}; choose one of {sorted(POLICIES)} "

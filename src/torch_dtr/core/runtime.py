@@ -826,6 +826,7 @@ class Runtime:
                     self.sync()
                     continue
                 self._raise_budget(nbytes, where)
+            assert victim is not None  # (_raise_budget raised)
             self._evict(victim, "evict")
 
     @property
@@ -1085,7 +1086,7 @@ class Runtime:
         pool: Any = cands
         if self.sample_sqrt and n > 16:
             pool = self.rng.sample(list(cands), max(16, math.isqrt(n)))
-        floor = self.min_evict_bytes
+        floor: Any = self.min_evict_bytes
         if floor is None:
             floor = 0.01 * self.candidate_bytes / n
         soft = self._soft
@@ -1289,7 +1290,7 @@ class Runtime:
         if not missing:
             return
         if len(missing) == 1 and (hold or len(roots) == 1) and missing[0].host is not None:
-            keep = [r for r in roots if r.resident]
+            keep: Any = [r for r in roots if r.resident]
             self.lock(keep)
             try:
                 self._swap_in(missing[0])
@@ -1297,7 +1298,7 @@ class Runtime:
                 self.unlock(keep)
             return
         if len(missing) == 1 and (hold or len(roots) == 1):
-            op = self._recipe(missing[0])
+            op: Any = self._recipe(missing[0])
             if all(i.resident for i in op.inputs):  # the common case: one recipe, its inputs resident
                 keep = [*op.inputs, *(r for r in roots if r.resident)] if len(roots) > 1 else op.inputs
                 self.lock(keep)

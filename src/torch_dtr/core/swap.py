@@ -64,7 +64,15 @@ from typing import Any
 
 from .records import Storage
 
+try:  # only the compiled core reads it (NOTE [ Compiled core ]); interpreted, it is a no-op
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover - mypy_extensions comes with mypy
 
+    def mypyc_attr(*_args: object, **_kw: object) -> Any:  # type: ignore  # noqa: PGH003
+        return lambda cls: cls
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # front ends subclass it
 class Tier:
     """The host tier: its budget, its modelled bandwidth, and the copies it holds.
 

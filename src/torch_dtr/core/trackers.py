@@ -28,6 +28,13 @@ from typing import Any, NamedTuple
 
 from .records import Storage
 
+try:  # only the compiled core reads it (NOTE [ Compiled core ]); interpreted, it is a no-op
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover - mypy_extensions comes with mypy
+
+    def mypyc_attr(*_args: object, **_kw: object) -> Any:  # type: ignore  # noqa: PGH003
+        return lambda cls: cls
+
 # NOTE [ Evicted chains ]
 #
 # The "chain" tracker keeps, on each evicted storage, three estimates about the evicted paths through it
@@ -99,6 +106,7 @@ def _evicted(s: Storage) -> bool:
     return not s.resident and not s.released and s.host is None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # front ends subclass it
 class Tracker:
     """No feature: every candidate's ``extra`` is 0."""
 
@@ -159,7 +167,7 @@ class UnionFind(Tracker):
         first = None
         more: dict[UFNode, None] | None = None
         op = s.op
-        groups = [op.inputs] if op is not None else []
+        groups: Any = [op.inputs] if op is not None else []
         groups.extend(c.outputs for c in s.children)
         for group in groups:
             for n in group:
@@ -192,6 +200,9 @@ class ChainTracker(UnionFind):
         super().evicted(s)
         up = down = 0
         path = 0.0
+        i: Any  # (links and storages in turn: one type for the compiled core)
+        o: Any
+        lo: Any
         op = s.op
         links = self.links
         ins = [links(i) for i in op.inputs if _evicted(i)] if op is not None else []
@@ -201,7 +212,7 @@ class ChainTracker(UnionFind):
             path = max(path, i.path)
         for _, o in outs:
             down = max(down, o.down)
-        me = s.aux
+        me: Any = s.aux
         me.up, me.down = up + 1, down + 1
         me.path = s.cost + path
         for o, lo in outs:
@@ -400,7 +411,7 @@ class Components(Tracker):
         first = None
         more: dict[Component, None] | None = None
         op = s.op
-        groups = [op.inputs] if op is not None else []
+        groups: Any = [op.inputs] if op is not None else []
         groups.extend(c.outputs for c in s.children)
         for group in groups:
             for n in group:
