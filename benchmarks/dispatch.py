@@ -2,6 +2,7 @@
 and where they go (cProfile of the per-op functions). Writes docs/dispatch.md.
 
     python benchmarks/dispatch.py [--out docs] [--repeats 7]
+    TORCH_DTR_CORE=compiled python benchmarks/dispatch.py    # the compiled core: docs/dispatch-compiled.md
 
 Six programs, each timed plain, under a do-nothing dispatch mode and under torch-dtr, interleaved
 (plain, no-op mode, no budget, budget above the peak, plain, ...) after a warm-up, median of the steps of
@@ -33,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torch_dtr
 from torch_dtr import native
 from torch_dtr.bench import workloads
+from torch_dtr.core import COMPILED
 
 
 def _small_ops() -> tuple[Callable[[], None], str]:
@@ -199,7 +201,9 @@ def main() -> int:
         "",
         f"Measured {datetime.date.today().isoformat()} on {torch.get_num_threads()} threads, "
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, torch "
-        f"{torch.__version__}. Command: `python benchmarks/dispatch.py --repeats {args.repeats}`.",
+        f"{torch.__version__}. Command: `{'TORCH_DTR_CORE=compiled ' if COMPILED else ''}python "
+        f"benchmarks/dispatch.py --repeats {args.repeats}`. The core: "
+        f"{'compiled (NOTE [ Compiled core ])' if COMPILED else 'interpreted'}.",
         "",
         "What torch-dtr adds to every aten op when nothing is evicted: median step time under torch-dtr minus",
         "plain PyTorch's, divided by the managed ops per step (modes interleaved in one process, after a",
@@ -227,16 +231,22 @@ def main() -> int:
         lines += ["", "The compiled front end (`torch_dtr.native`: the per-op mechanism in C++, the same Python core "
                   "called once or twice per managed op; docs/native.md), in the same runs:", "",
                   "| program | no-op mode: us per managed op | torch-dtr no budget | native no budget | ratio | "
-                  "torch-dtr budget above peak | native budget above peak | ratio |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "native / mode, per op | torch-dtr budget above peak | native budget above peak | ratio | "
+                  "native / mode, per op |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, r in results.items():
             u, q = r["us_per_op"], r["ratio"]
+
+            def per(key: str, u: dict = u) -> str:  # what native adds per op, over what the no-op mode adds
+                return f"{u[key] / u['no-op mode']:.2f}x" if u["no-op mode"] > 0.5 else "-"
+
             lines.append(f"| {name} | {u['no-op mode']:.1f} | {u['no budget']:.1f} | {u['native, no budget']:.1f} | "
-                         f"{q['native, no budget']:.2f}x | {u['budget above peak']:.1f} | "
-                         f"{u['native, budget above peak']:.1f} | {q['native, budget above peak']:.2f}x |")
+                         f"{q['native, no budget']:.2f}x | {per('native, no budget')} | {u['budget above peak']:.1f} | "
+                         f"{u['native, budget above peak']:.1f} | {q['native, budget above peak']:.2f}x | "
+                         f"{per('native, budget above peak')} |")
     lines += ["", "Where the time goes: cProfile of 5 steps of the small GPT-2 with a budget far above its peak,",
               "per managed op (cProfile's own overhead inflates every figure; read them as shares).", "", prof, ""]
-    path = Path(args.out) / "dispatch.md"
+    path = Path(args.out) / ("dispatch-compiled.md" if COMPILED else "dispatch.md")
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")
     return 0
