@@ -209,7 +209,14 @@ def native_plan(run: Any, save: Any, t_start: float, res: dict, native_only: boo
     front ends (the compiled front end is built on the device first: it needs a C++ compiler and ninja there).
     ``native_only``: the compiled front end's runs and plain's alone (the others measured in an earlier call)."""
     from torch_dtr import native
+    from torch_dtr.core.compiled import CompiledCoreUnavailable, build
 
+    try:  # the compiled core's contenders where it builds (the device image lacks mypy: carry its wheel)
+        build()
+        compiled = True
+    except (CompiledCoreUnavailable, OSError) as e:
+        print(f"the compiled core cannot be built here ({e}): its contenders are skipped", flush=True)
+        compiled = False
     res["command"] = res["command"] + " --plan native"
     t0 = time.perf_counter()
     ok = native.available()
@@ -223,12 +230,18 @@ def native_plan(run: Any, save: Any, t_start: float, res: dict, native_only: boo
         if p is None or "error" in p:
             continue
         run(name, {"kind": "native", "budget": None, "label": "torch-dtr native, no budget"}, steps=5)
+        if compiled:
+            run(name, {"kind": "native", "budget": None, "core": "compiled",
+                       "label": "torch-dtr native, compiled core, no budget"}, steps=5)
         if not native_only:
             run(name, {"kind": "noop", "label": "a do-nothing dispatch mode"}, steps=5)
             run(name, {"kind": "dtr", "budget": None, "label": "torch-dtr, no budget"}, steps=5)
         if name == "gpt2-small":
             b = p["max_allocated"] // 2
             run(name, {"kind": "native", "budget": b, "label": "torch-dtr native 50%"}, steps=5)
+            if compiled:
+                run(name, {"kind": "native", "budget": b, "core": "compiled",
+                           "label": "torch-dtr native, compiled core, 50%"}, steps=5)
             if not native_only:
                 run(name, {"kind": "dtr", "budget": b, "label": "torch-dtr 50%"}, steps=5)
         if name == "lstm":  # the host tier where copies pay

@@ -70,7 +70,10 @@ def work(spec: dict) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap"] / total))
     size = workloads.Size(**spec["size"])
     n = spec["warmup"] + spec["steps"]
-    out: dict[str, Any] = {"kind": kind, "label": spec["label"], "budget": spec.get("budget"), "batch": size.batch}
+    from ..core import COMPILED
+
+    out: dict[str, Any] = {"kind": kind, "label": spec["label"], "budget": spec.get("budget"), "batch": size.batch,
+                           "compiled_core": COMPILED}
     try:
         model, batches, step = workloads.build(spec["workload"], size, n)
         if cuda:
@@ -176,6 +179,8 @@ def _noop_mode() -> Any:
 # ---------------------------------------------------------------------------------------------- the runner
 def spawn(spec: dict, timeout: float) -> dict:
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    if spec.get("core"):  # "compiled": the worker's core is the compiled one (NOTE [ Compiled core ])
+        env["TORCH_DTR_CORE"] = spec["core"]
     cmd = [sys.executable, "-m", "torch_dtr.bench.gpu", json.dumps(spec)]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
