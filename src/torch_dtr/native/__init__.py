@@ -26,12 +26,12 @@
 #    seen on it lives, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
 #    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says.
-# 5. What this preview does not do yet, where eager/front.py does: out-of-memory retries of plain ops and
-#    eviction windows on CUDA (rule 8), tenants, threads other than the enabling one (theirs run plain unless they read
-#    managed tensors), torch.compile regions and torch.func transforms (not told apart), learned sizes (meta
-#    kernels only); an op that writes more than one managed value pins them. An evicted value read without an
-#    op sees no data: ``t.tolist()`` raises PyTorch's "unallocated storage" error and ``t.data_ptr()`` is 0 (any
-#    op, even ``t.detach()``, brings it back first); the Python front end's wrapper tensors refuse those reads.
+# 5. What this preview does not do yet, where eager/front.py does: eviction windows on CUDA (rule 8), tenants,
+#    threads other than the enabling one (theirs run plain unless they read managed tensors), torch.compile regions
+#    and torch.func transforms (not told apart), learned sizes (meta kernels only); an op that writes more than one
+#    managed value pins them. An evicted value read without an op sees no data: ``t.tolist()`` raises PyTorch's
+#    "unallocated storage" error and ``t.data_ptr()`` is 0 (any op, even ``t.detach()``, brings it back first); the
+#    Python front end's wrapper tensors refuse those reads.
 # 6. The host tier (``enable(swap=True)``; NOTE [ Swapping ], NOTE [ Host copies ]): the core chooses, as with
 #    the Python front end, and its tier (native/swap.py) moves a victim's bytes out of its slot into a plain
 #    tensor (``Value.take``), copies them to host memory as the Python front end's tier does, and copies them back
@@ -51,8 +51,8 @@
 #    once a query is due. Outputs on CUDA count as its allocator rounds them (512 B). A managed op that runs out
 #    of the device's memory (with or without a budget) makes the core evict at least what the allocator was
 #    asked for, gets its arguments and random state back, and runs again (front.cpp, `run_retrying`); re-raised
-#    when nothing is left to evict. Not yet: retries of recomputations and of plain ops (an optimizer's step),
-#    and the window of adjacent blocks that the Python front end evicts first (NOTE [ Device memory ] 4).
+#    when nothing is left to evict; so do recomputations, and plain ops (an optimizer's update) but random ones.
+#    Not yet: the window of adjacent blocks that the Python front end evicts first (NOTE [ Device memory ] 4).
 """
 
 from __future__ import annotations

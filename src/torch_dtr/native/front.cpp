@@ -763,6 +763,33 @@ void run_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::ji
   }
 }
 
+// A plain op (an optimizer's update, a factory) that runs out of the device's memory: the core evicts and it runs
+// again, as run_retrying; the GIL and the lock only then. Random plain ops are not retried (their generator
+// moved, and no state was kept for them).
+void run_plain_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack,
+                        size_t start) {
+  const std::vector<IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
+  for (;;) {
+    std::exception_ptr oom;
+    std::string what;
+    try {
+      run_below(op, below, stack);
+      return;
+    } catch (const c10::OutOfMemoryError& e) {
+      oom = std::current_exception();
+      what = e.what_without_backtrace();
+    }
+    {
+      py::gil_scoped_acquire gil;
+      Lock lock;
+      if (!g_py->active || !g_py->session.attr("oom")(what, 0, py::list()).cast<bool>())
+        std::rethrow_exception(oom);
+    }
+    stack->resize(start);
+    stack->insert(stack->end(), args.begin(), args.end());
+  }
+}
+
 // A plain op that writes a constant that recipes read: the core invalidates those recipes first.
 void plain_writes(const c10::OperatorHandle& op, const Facts& f, torch::jit::Stack* stack, size_t start) {
   py::list hit;
@@ -1152,7 +1179,8 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
       Lock lock;
       if (g_py->active) plain_writes(op, f, stack, start);
     }
-    run_below(op, below, stack);
+    if (g_py->retry && !f.random) run_plain_retrying(op, below, stack, start);
+    else run_below(op, below, stack);
     return;
   }
   py::gil_scoped_acquire gil;
