@@ -93,34 +93,33 @@ def test_the_budget_bounds_the_allocators_count_at_60_with_a_device_and_not_with
     assert loose > budget * 1.05, (loose, budget)
 
 
+class CountingDevice(BlocksDevice):
+    """Counts its queries."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def usage(self) -> tuple[int, int]:
+        self.calls += 1
+        return super().usage()
+
+
 def test_the_core_queries_the_device_every_64_ops_and_after_each_optimizer_step():
-    calls = []
-
-    class Counting(BlocksDevice):
-        def usage(self):
-            calls.append(1)
-            return super().usage()
-
     _, _, plain_peak, _ = _train()
-    _, _, _, s = _train(int(plain_peak * 2), Counting(), steps=3)
+    dev = CountingDevice()
+    _, _, _, s = _train(int(plain_peak * 2), dev, steps=3)
     st = s.rt.stats()
     per_step = st.ops / 3
-    assert st.syncs == len(calls)
+    assert st.syncs == dev.calls
     # every 64 ops that reserve, at most (ops that fit skip the core), and once after each step
     assert 3 <= st.syncs <= st.ops / 64 + 3 + 1, (st.syncs, st.ops, per_step)
 
 
 def test_no_budget_with_a_device_queries_it_at_most_every_64_ops():
-    calls = []
-
-    class Counting(BlocksDevice):
-        def usage(self):
-            calls.append(1)
-            return super().usage()
-
-    _, _, _, s = _train(None, Counting())
+    dev = CountingDevice()
+    _, _, _, s = _train(None, dev)
     st = s.rt.stats()
-    assert st.evictions == 0 and len(calls) == st.syncs <= st.ops / 64 + 1
+    assert st.evictions == 0 and dev.calls == st.syncs <= st.ops / 64 + 1
 
 
 def test_out_of_memory_evicts_and_retries_with_no_budget_at_a_capacity_of_70():
