@@ -123,7 +123,7 @@ int64_t g_epoch = -1;  // the current session's number
 struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   py::object session, before, ran, cost, written, see;
   bool active = false, closed = false;
-  bool retry = false;  // a device is followed: an op that runs out of its memory evicts and runs again
+  bool retry = false;  // a device allocator is followed: an op that runs out of its memory evicts and runs again
   int64_t budget = -1;
 };
 Py* g_py = new Py();
@@ -948,6 +948,11 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
   int64_t need = 0;
   if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr);
+  if (need > 0 && g_py->retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
+    bool cuda = false;
+    for (const auto& in : rec->inputs) cuda |= (in.slot ? in.opts.device() : in.plain.device()).is_cuda();
+    if (cuda) need += 512 * static_cast<int64_t>(f.returns.size());
+  }
   const bool dead = dead_pending();
   // constants whose last tensor died since the last managed op (eager/front.py learns of each death from a weak
   // reference's callback before its next op; the byte counts, and so the peak, must agree)

@@ -16,7 +16,7 @@ import torch
 from ..core import Memory, Op, Runtime, Storage, Tier
 from ..core.policies import Policy
 from ..eager.costs import model_cost
-from ..eager.device import GRANULE, MIN_EVICT, Device
+from ..eager.device import MIN_EVICT, Device
 
 # Recipes that read a constant die with their outputs; the lists of readers are pruned now and then.
 _PRUNE = 64
@@ -73,8 +73,6 @@ class Session:
                 for s in writes:
                     self._overwritten(s, name)
             if rt.budget is not None:
-                if self.dev is not None and need:  # the allocator's rounding of the outputs (at most 4 of them)
-                    need += 4 * GRANULE
                 rt.reserve(need, name)
         except BaseException:
             rt.release(held)
@@ -134,16 +132,14 @@ class Session:
 
     def _room(self) -> int:
         """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits. With a
-        device, none once the core's next query of its allocator is due, so that ``before`` makes it (and a
-        margin for the allocator's rounding of the op's outputs)."""
+        device, none once the core's next query of its allocator is due, so that ``before`` makes it."""
         rt = self.rt
         if rt.budget is None:
             return -1
+        if self.dev is not None and rt.sync_due:
+            return 0
         mem = rt.memory
-        room = rt.budget - rt.headroom - mem.tracked - mem.outside
-        if self.dev is not None:
-            room = 0 if rt.sync_due else room - 4 * GRANULE
-        return room
+        return rt.budget - rt.headroom - mem.tracked - mem.outside
 
     def oom(self, message: str, need: int, ins: list[Storage]) -> bool:
         """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
