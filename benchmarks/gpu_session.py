@@ -9,6 +9,10 @@ the bench's other models at no budget (the per-op path's cost); the largest batc
 torch.compile's memory budget. Results are saved after every run, in the bench's JSON form, so that
 ``python benchmarks/gpu_session.py --render FILE`` writes docs/benchmarks-cuda.md from them here.
 ``--device sim --quick`` runs the same plan on the CPU (to check the plumbing before a lease).
+
+``--plan native`` builds the C++ front end on the device (33 s on the lent H100s' image) and, where mypy is
+importable, the compiled core too; the image has mypy_extensions but not mypy: carry a mypy wheel for its Python
+(3.12) and the wheels it needs that the image lacks (see the device tool's README for carrying wheels).
 """
 
 from __future__ import annotations
