@@ -356,6 +356,22 @@ def test_custom_ops_run_managed_recorded_by_what_they_are():
     assert kernel.pinned and kernel.op is None
 
 
+def test_enable_freezes_the_collectors_older_objects_until_disable_unless_the_program_did():
+    assert gc.get_freeze_count() == 0
+    native.enable(None)
+    assert gc.get_freeze_count() > 0  # full collections while enabled skip what existed before
+    native.disable()
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the program's own freeze is left as it was
+    try:
+        n = gc.get_freeze_count()
+        s = native.enable(None)
+        native.disable()
+        assert not s.froze and 0 < gc.get_freeze_count() <= n  # nothing frozen by it, nothing thawed
+    finally:
+        gc.unfreeze()
+
+
 def test_disable_takes_the_dispatch_bit_away_again():
     """c10's include toggle removes a per-backend key's functionality but not its backend bit: left behind, the
     bit sent every later op of the thread to the kernel (and, with no kernel registered, raised)."""

@@ -117,17 +117,29 @@ def _expandable(dev: Device | None, want: bool | None) -> bool | None:
     return None if was else False
 
 
+def freeze_gc() -> bool:
+    """Freeze the garbage collector's view of the objects that exist now; whether this call froze it.
+
+    Each managed op allocates a dozen small tracked objects (records, cell, wrapper), so the cyclic garbage
+    collector runs full collections every few thousand ops, and each walks every object of the process (torch
+    and transformers alone hold ~300k): measured ~10 us per op. Objects that exist before enable() are moved to
+    the permanent generation (gc.freeze) until disable() (``thaw_gc``); cycles among them are collected after
+    disable(). Skipped when the program froze objects itself. Both front ends do this."""
+    if gc.get_freeze_count():
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
+
+
+def thaw_gc(froze: bool) -> None:
+    if froze:
+        gc.unfreeze()
+
+
 def _freeze_gc() -> None:
-    # Each managed op allocates a dozen small tracked objects (records, cell, wrapper), so the cyclic
-    # garbage collector runs full collections every few thousand ops, and each walks every object of the
-    # process (torch and transformers alone hold ~300k): measured ~10 us per op. Objects that exist before
-    # enable() are moved to the permanent generation (gc.freeze) until disable() (gc.unfreeze); cycles
-    # among them are collected after disable(). Skipped when the program froze objects itself.
     global _FROZE
-    if gc.get_freeze_count() == 0:
-        gc.collect()
-        gc.freeze()
-        _FROZE = True
+    _FROZE = freeze_gc()
 
 
 def disable() -> None:
@@ -143,9 +155,8 @@ def disable() -> None:
         f.close()
         if f.expandable_was is not None and f.dev is not None:
             f.dev.set_expandable(f.expandable_was)
-        if _FROZE:
-            gc.unfreeze()
-            _FROZE = False
+        thaw_gc(_FROZE)
+        _FROZE = False
 
 
 def enabled() -> bool:

@@ -131,6 +131,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     global _SESSION
     import torch
 
+    from ..eager.api import freeze_gc
     from ..eager.front import DEFAULT_BANISH_DEPTH
     from ..eager.swap import banish_default, tier_options
     from .session import Session
@@ -174,6 +175,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s.hooks = (register_optimizer_step_pre_hook(lambda *_: ext.set_stepping(True)),
                register_optimizer_step_post_hook(lambda *_: s.stepped()))
     ext.start(s, -1 if nbytes is None else nbytes)
+    s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8
     ext.attach(True)
@@ -183,6 +185,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
 def disable() -> None:
     """Stop managing new ops. Managed tensors the program still holds stay readable (evicted ones are
     recomputed without a budget)."""
+    from ..eager.api import thaw_gc
+
     s = _SESSION
     if s is None or not s.active:
         return
@@ -191,6 +195,7 @@ def disable() -> None:
     s.ext.set_retry(False)
     s.ext.cpu_blocks(False)
     s.ext.stop()
+    thaw_gc(s.froze)
     for h in s.hooks:
         h.remove()
     s.ext.set_stepping(False)

@@ -41,6 +41,7 @@ class Session:
     def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int,
                  tier: Tier | None = None, device: Any = None) -> None:
         self.ext = ext
+        self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True,
                           tier=tier, device_usage=None if device is None else device.usage)
