@@ -9,6 +9,7 @@ bit for bit. Skipped where the extension cannot be built (no C++ compiler or nin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import platform
 import warnings
@@ -101,8 +102,10 @@ def _python_stats():
     return dataclasses.asdict(torch_dtr.stats())
 
 
+# native sums gradients as the Python front end must (a new tensor per term), so that their decisions can be
+# compared (NOTE [ Native front end ] 9)
 FRONTS = {"python": (torch_dtr.enable, torch_dtr.disable, _python_stats),
-          "native": (native.enable, native.disable, native.stats)}
+          "native": (functools.partial(native.enable, grads_in_place=False), native.disable, native.stats)}
 
 
 def _outcomes(step, front, fracs, keys=("evictions", "rematerializations", "peak_bytes"), **options):

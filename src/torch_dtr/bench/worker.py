@@ -4,7 +4,7 @@ Run as ``python -m torch_dtr.bench.worker '<json spec>'``; prints progress on st
 (the result) as the last line of stdout. The spec's ``kind``:
 
 - ``plain``, ``dtr`` (``budget`` in bytes or null; ``swap``: the host tier; ``front``: "native" for the
-  compiled front end), ``ckpt_block``, ``ckpt_sqrt``, ``compile``
+  compiled front end; ``grads_in_place``: its option, default true), ``ckpt_block``, ``ckpt_sqrt``, ``compile``
   (``mem_budget``: torch.compile's activation memory budget): train ``warmup`` + ``steps`` steps, time
   the measured ones; plain and checkpointing also run one untimed step under torch-dtr without a budget,
   whose tracked peak is their live bytes in the runtime's own accounting;
@@ -141,7 +141,8 @@ def run(spec: dict) -> dict:
         if spec.get("front") == "native":  # the compiled front end (docs/native.md)
             from .. import native
 
-            native.enable(spec["budget"], swap=spec.get("swap", False))
+            native.enable(spec["budget"], swap=spec.get("swap", False),
+                          grads_in_place=spec.get("grads_in_place", True))
         else:
             torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False))
         _cap_remats(spec.get("max_remats", 10**9))  # per step; run.py passes 3 x ops per step, as the search

@@ -53,6 +53,14 @@
 #    asked for, gets its arguments and random state back, and runs again (front.cpp, `run_retrying`); re-raised
 #    when nothing is left to evict; so do recomputations, and plain ops (an optimizer's update) but random ones.
 #    Not yet: the window of adjacent blocks that the Python front end evicts first (NOTE [ Device memory ] 4).
+# 9. Gradients summed in place: autograd's engine adds a value's next gradient term into the running sum in place
+#    only when it holds the sum's tensor and storage alone (InputBuffer::accumulate); otherwise it makes a new
+#    tensor per term, so a sum needs room for three terms at once instead of two. A managed tensor here is one
+#    (front.cpp, rule 6: the core's slot holds its storage only while no handle does), and the write makes a new
+#    version of the sum as any in-place write does (NOTE [ In-place mutation ]). The Python front end cannot have
+#    it (with a dispatch mode on, the engine treats every tensor as a subclass and never writes in place), so the
+#    two front ends' decisions differ on programs that sum gradients (``grads_in_place=False`` makes them equal).
+#    The bench's LSTM loop with the host tier: 1.59x -> 1.27x plain at 50% of its peak (docs/swap-live.md).
 """
 
 from __future__ import annotations
@@ -122,12 +130,14 @@ def available() -> bool:
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int | None = None,
            swap: bool | str = False, host_budget: int | str | None = None, swap_gbps: float | None = None,
-           device: Any = None) -> Any:
+           device: Any = None, grads_in_place: bool = True) -> Any:
     """Manage this thread's ops with the compiled front end under ``budget`` (bytes or "2GiB"); returns the
     session (``.rt`` is its core runtime). ``swap``, ``host_budget``, ``swap_gbps``: the host tier, as
     ``torch_dtr.enable`` takes them (rule 6); ``banish_depth`` as there (default 2, or 0 with a host tier at
     least as large as the budget). ``device``: the allocator whose count the budget bounds (rule 8; default: the
-    current CUDA device where CUDA is available, else none: the budget bounds the values this front end counts)."""
+    current CUDA device where CUDA is available, else none: the budget bounds the values this front end counts).
+    ``grads_in_place``: autograd sums a value's gradients into one tensor in place, as in plain PyTorch (rule 9;
+    False: into a new tensor per term, as under the Python front end, which makes the same decisions then)."""
     global _SESSION
     import torch
 
@@ -178,6 +188,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8
+    ext.set_lend(bool(grads_in_place))  # rule 9
     ext.attach(True)
     return s
 
@@ -193,6 +204,7 @@ def disable() -> None:
     s.active = False
     s.ext.attach(False)
     s.ext.set_retry(False)
+    s.ext.set_lend(True)
     s.ext.cpu_blocks(False)
     s.ext.stop()
     thaw_gc(s.froze)

@@ -18,6 +18,11 @@
 //    without the GIL: the kernel runs with it released (PyTorch's bindings release it around every op), and
 //    from Python 3.12 on even allocating a Python object without it crashes (per-interpreter allocator state).
 // 5. The records that live as long as a value or a recipe are allocated from a heap of their own (`pool`).
+// 6. A slot holds its StorageImpl only while no handle does: from its first handle to its buffer's death the
+//    handles alone hold it (the slot keeps a weak reference), so a managed tensor that nothing else shares has a
+//    storage use count of one, as a plain one has, and autograd's engine sums gradients into it in place
+//    (InputBuffer accumulates in place only then). The dying buffer takes the reference back while its last
+//    handle still holds it. A written value's new slot lends the StorageImpl to the handles the same way.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -119,6 +124,7 @@ std::vector<std::pair<int64_t, PyObject*>> g_dead;
 // deaths and recomputations are its core's business)
 std::vector<py::object>* g_sessions = new std::vector<py::object>();
 int64_t g_epoch = -1;  // the current session's number
+bool g_lend = true;     // slots lend their StorageImpl to the handles (rule 6; off: the slot always holds it)
 
 struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   py::object session, before, ran, cost, written, see;
@@ -134,14 +140,38 @@ bool g_stepping = false;  // inside an optimizer's step(): its updates stay plai
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0;
 
 // ------------------------------------------------------------------ records
-struct Slot : c10::intrusive_ptr_target {  // one core storage (rule 2)
+struct Slot : c10::intrusive_ptr_target {  // one core storage (rules 2 and 6)
   TORCH_DTR_POOLED
-  c10::Storage storage;
+  c10::StorageImpl* impl;  // its StorageImpl: alive while `owned` or a tensor holds it
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps `impl` addressable, says whether it lives
+  c10::Storage owned;  // the slot's own reference, held while no handle holds the StorageImpl (rule 6)
   bool shared = false;  // its memory is also a plain tensor's (an unwrapped gradient): never nulled
-  explicit Slot(c10::Storage s) : storage(std::move(s)) {}
-  bool resident() const { return storage.nbytes() == 0 || storage.data() != nullptr; }
+  explicit Slot(c10::Storage s) : impl(s.unsafeGetStorageImpl()), weak(s.getWeakStorageImpl()), owned(std::move(s)) {}
+  // its StorageImpl, as a reference of one's own (raises if it died behind the slot's back: rule 6)
+  c10::Storage storage() const {
+    auto p = weak.lock();
+    TORCH_CHECK(p, "torch_dtr native: a managed value's memory was released while torch-dtr still needed it (was "
+                "a managed tensor's .data replaced?)");
+    return c10::Storage(std::move(p));
+  }
+  void own(c10::Storage s) {  // another StorageImpl, held by the slot alone
+    impl = s.unsafeGetStorageImpl();
+    weak = s.getWeakStorageImpl();
+    owned = std::move(s);
+  }
+  void lend() {  // handles hold the StorageImpl now
+    if (owned && g_lend) owned = c10::Storage();
+  }
+  void reclaim() {  // its last handle is dying (still holding the StorageImpl): the slot holds it again
+    if (!owned) {
+      auto p = weak.lock();
+      if (p) owned = c10::Storage(std::move(p));
+    }
+  }
+  // (a StorageImpl that died behind the slot's back has released its data, so it reads as evicted)
+  bool resident() const { return impl->nbytes() == 0 || impl->data() != nullptr; }
   void drop() {
-    if (!shared && storage) storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
+    if (!shared) impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
   }
 };
 using SlotPtr = c10::intrusive_ptr<Slot>;
@@ -157,6 +187,7 @@ struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule
   int64_t epoch;      // the session whose core keeps it
   Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st), epoch(g_epoch) {}
   ~Buffer() override {
+    slot->reclaim();  // (when a handle still holds the StorageImpl; the last holder among them did already)
     std::lock_guard<std::mutex> lock(g_dead_mutex);
     g_dead.emplace_back(epoch, storage);
   }
@@ -167,6 +198,19 @@ struct Handle : c10::TensorImpl {
   c10::intrusive_ptr<Buffer> buffer;
   Handle(c10::Storage s, DispatchKeySet ks, caffe2::TypeMeta dt, c10::intrusive_ptr<Buffer> b)
       : c10::TensorImpl(std::move(s), ks, dt), buffer(std::move(b)) {}
+  // The last holder of its slot's StorageImpl among the handles hands it back to the slot before letting go
+  // (rule 6): in the destructor (the storage goes after it), or in release_resources, where TensorImpl lets
+  // go of its storage when weak references keep the object (the destructor then comes later, or never soon).
+  void release_resources() override {
+    let_go();
+    c10::TensorImpl::release_resources();
+  }
+  ~Handle() override { let_go(); }
+  void let_go() {
+    if (!buffer) return;
+    if (storage_.unsafeGetStorageImpl() == buffer->slot->impl && storage_.use_count() == 1) buffer->slot->reclaim();
+    buffer.reset();
+  }
   template <typename VC>
   c10::intrusive_ptr<c10::TensorImpl> copy_(VC&& vc, bool allow) const {
     auto impl = c10::make_intrusive<Handle>(c10::Storage(storage()), key_set(), dtype(), buffer);
@@ -190,8 +234,10 @@ Handle* handle_of(const at::Tensor& t) {
 
 at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
   auto ks = t.key_set() | DispatchKeySet(BackendComponent::PrivateUse1Bit);
+  Slot* slot = b->slot.get();
   auto impl = c10::make_intrusive<Handle>(c10::Storage(t.storage()), ks, t.dtype(), std::move(b));
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (slot->impl == t.storage().unsafeGetStorageImpl()) slot->lend();
   return at::Tensor(std::move(impl));
 }
 
@@ -623,7 +669,7 @@ struct Recipe {
           py::object p = st.attr("payload");
           if (!p.is_none() && p.cast<Value&>().slot.get() == old.get()) lent = true;
         }
-      target = lent ? old->storage : copy_of(old->storage);
+      target = lent ? old->storage() : copy_of(old->storage());
     }
     auto input = [&](size_t k) -> at::Tensor {
       const Input& in = inputs[k];
@@ -639,7 +685,7 @@ struct Recipe {
       }
       if (static_cast<int64_t>(k) == written) return view_of(target, in);
       TORCH_INTERNAL_ASSERT(in.slot->resident(), "torch_dtr native: a recipe ran with an evicted input");
-      return view_of(in.slot->storage, in);
+      return view_of(in.slot->storage(), in);
     };
     // out of the device's memory (rule 8 of __init__.py): the current session's core evicts, the recipe runs again
     for (std::exception_ptr oom;; oom = nullptr) {
@@ -666,7 +712,7 @@ struct Recipe {
     py::list values;
     if (written >= 0) {
       const Out& o = outs[0];
-      c10::StorageImpl* into = o.slot->storage.unsafeGetStorageImpl();
+      c10::StorageImpl* into = o.slot->impl;
       c10::StorageImpl* from = target.unsafeGetStorageImpl();
       if (!o.slot->resident() && from != into)
         into->set_data_ptr_noswap(from->set_data_ptr(c10::DataPtr(nullptr, from->device())));
@@ -676,7 +722,7 @@ struct Recipe {
     for (const Out& o : outs) {
       const IValue& v = stack[o.ret];
       at::Tensor t = o.elem < 0 ? v.toTensor() : v.toTensorList().get(o.elem);
-      c10::StorageImpl* into = o.slot->storage.unsafeGetStorageImpl();
+      c10::StorageImpl* into = o.slot->impl;
       if (!o.slot->resident()) {
         c10::StorageImpl* fresh = t.storage().unsafeGetStorageImpl();
         TORCH_CHECK(fresh->nbytes() == into->nbytes(), "torch_dtr native: ", op.schema().name(), " recomputed ",
@@ -978,10 +1024,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     old_storage = writes[0];
   }
   c10::Storage written_storage;  // the written buffer's storage: the handles' (before a copy replaces the slot's)
-  if (writes.size()) written_storage = wrote[0].first->slot->storage;
+  if (writes.size()) written_storage = wrote[0].first->slot->storage();
   if (mode == "copy") {
     Slot* old = wrote[0].first->slot.get();
-    old->storage = copy_of(old->storage);
+    old->own(copy_of(old->storage()));
   }
   if (g_py->closed) {  // after disable(): values come back without a budget, outputs stay plain
     run_below(op, below, stack);
@@ -1040,7 +1086,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return;
     const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
     for (auto& b : handles)
-      if (b->slot->storage.unsafeGetStorageImpl() == si) return;  // a view or the input itself
+      if (b->slot->impl == si) return;  // a view or the input itself
     if (f.returns[k]) return;  // aliases a plain input
     for (auto& m : made)
       if (m.first == si) return;
@@ -1074,16 +1120,23 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (mode == "version" || mode == "copy") {
     Buffer* b = wrote[0].first.get();
     new_slot = c10::make_intrusive<Slot>(written_storage);
-    if (mode == "version") b->slot->storage = empty_like_storage(b->slot->storage);  // the old value: evicted
+    if (mode == "version") b->slot->own(empty_like_storage(b->slot->storage()));  // the old value: evicted
     b->slot = new_slot;
+    // the handles hold the written StorageImpl (the op returned it): the new slot lends it to them (rule 6)
+    for (size_t k = 0; k < nout; ++k) {
+      const IValue& v = (*stack)[base + k];
+      if (f.returns[k] && f.returns[k]->isWrite() && v.isTensor() && v.toTensor().has_storage() &&
+          v.toTensor().storage().unsafeGetStorageImpl() == new_slot->impl)
+        new_slot->lend();
+    }
     new_value = py::cast(Value{new_slot});
   }
   const bool writing = mode == "version" || mode == "copy";
   bool replayable = (writing ? fresh.empty() : !fresh.empty() && !f.writes) && f.replayable && !opaque &&
                     !f.unannotated;
   if (replayable && f.cross_device && !handles.empty()) {  // a copy to another device is not replayed
-    const c10::Device dev = handles[0]->slot->storage.device();
-    for (auto& fr : fresh) replayable &= fr.slot->storage.device() == dev;
+    const c10::Device dev = handles[0]->slot->impl->device();
+    for (auto& fr : fresh) replayable &= fr.slot->impl->device() == dev;
   }
   py::object recipe = py::none();
   if (replayable) {
@@ -1133,7 +1186,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     if (f.returns[k] && f.returns[k]->isWrite()) return t;  // the input itself, written
     const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
     for (auto& b : handles)
-      if (b->slot->storage.unsafeGetStorageImpl() == si) return make_handle(t, b);
+      if (b->slot->impl == si) return make_handle(t, b);
     for (auto& m : made)
       if (m.first == si) return make_handle(t, buffers[m.second]);
     return t;
@@ -1277,6 +1330,7 @@ void set_budget(int64_t b) {
 void forget_room() { g_room = -1; }
 void set_stepping(bool on) { g_stepping = on; }
 void set_retry(bool on) { g_py->retry = on; }
+void set_lend(bool on) { g_lend = on; }
 
 bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
 
@@ -1312,7 +1366,7 @@ at::Tensor take_bytes(Value& v) {
   Slot* s = v.slot.get();
   TORCH_CHECK(!s->shared && s->resident(), "torch_dtr native: only a resident value that the runtime alone holds "
               "can be copied out");
-  c10::StorageImpl* si = s->storage.unsafeGetStorageImpl();
+  c10::StorageImpl* si = s->impl;
   const auto n = static_cast<int64_t>(si->nbytes());
   c10::Storage bytes(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), si->nbytes(), si->set_data_ptr(c10::DataPtr(nullptr, si->device())),
@@ -1325,7 +1379,7 @@ at::Tensor take_bytes(Value& v) {
 
 void fill_bytes(Value& v, const at::Tensor& t) {
   Slot* s = v.slot.get();
-  c10::StorageImpl* into = s->storage.unsafeGetStorageImpl();
+  c10::StorageImpl* into = s->impl;
   c10::StorageImpl* from = t.storage().unsafeGetStorageImpl();
   TORCH_CHECK(!s->resident() || into->nbytes() == 0, "torch_dtr native: a copy came back into a resident value");
   TORCH_CHECK(from->nbytes() == into->nbytes() && from->device() == into->device(), "torch_dtr native: a copy of ",
@@ -1356,6 +1410,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_room", &forget_room);
   m.def("set_stepping", &set_stepping);
   m.def("set_retry", &set_retry);
+  m.def("set_lend", &set_lend);
   m.def("attach", &attach);
   m.def("attached", &attached);
   m.def("is_managed", &is_managed);
