@@ -693,7 +693,12 @@ class Runtime:
         old.refs = 0
         if old.deps == 0:
             self._release(old)
-        elif self.banish_depth and payload is None:
+            return new
+        if payload is None and old.host is not None and not self._swaps(old):  # NOTE [ Swapping ] 4
+            self.tier.drop(old)  # type: ignore[union-attr]
+            if self.tracking:
+                self.tracker.superseded(old)
+        if self.banish_depth and payload is None:
             self._orphaned(old)
         return new
 
