@@ -6,7 +6,8 @@ Each contender runs in a process of its own (``torch-dtr bench``'s worker), inte
 median step of each round's steps after one warm-up, then the median over rounds: plain PyTorch, torch-dtr
 recomputing only, and torch-dtr with the host tier (``enable(swap=True)``: copies at the CPU's modelled
 2.5 GB/s, NOTE [ Host copies ]) at each ratio of plain's tracked peak, each with the Python front end and the
-compiled one (``torch_dtr.native``, same decisions); bitwise: losses equal to plain's. On
+compiled one (``torch_dtr.native``: the same rules, but autograd sums gradients in place there, NOTE [ Native
+front end ] 9); bitwise: losses equal to plain's. On
 these machines a copy saves no RAM (host and device are one memory): the figures say what choosing copies
 over recomputation costs in time, which is what the GPU's tier decides the same way. About 25 minutes.
 """
