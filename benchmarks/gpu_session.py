@@ -13,6 +13,8 @@ torch.compile's memory budget. Results are saved after every run, in the bench's
 ``--plan native`` builds the C++ front end on the device (33 s on the lent H100s' image) and, where mypy is
 importable, the compiled core too; the image has mypy_extensions but not mypy: carry a mypy wheel for its Python
 (3.12) and the wheels it needs that the image lacks (see the device tool's README for carrying wheels).
+``--plan native-next`` measures what that left open (the native budget on the allocator, its host tier,
+ResNet-50, the largest batch under the cap).
 """
 
 from __future__ import annotations
@@ -97,10 +99,13 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cap", default="16GiB")
-    ap.add_argument("--plan", choices=("first", "followup", "swap", "swap-lstm", "native"), default="first",
+    ap.add_argument("--plan", choices=("first", "followup", "swap", "swap-lstm", "native", "native-next"),
+                    default="first",
                     help="followup: the per-op path against a do-nothing mode, profiled, and expandable segments off; "
                          "swap: the host tier on GPT-2 small against recomputation alone and save_on_cpu; "
-                         "native: the compiled front end at no budget against the Python one (the per-op targets)")
+                         "native: the compiled front end at no budget against the Python one (the per-op targets); "
+                         "native-next: what the first native session left open (its budget on the allocator, its "
+                         "host tier, ResNet-50, the largest batch)")
     ap.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.3], help="swap-lstm: budgets, of plain's peak")
     ap.add_argument("--streams", action="store_true", help="swap-lstm: copies out on the compute stream too, "
                     "instead of recomputing only")
@@ -170,6 +175,8 @@ def main() -> int:
         return swap_lstm(run, save, t_start, res, a.ratios, a.streams)
     if a.plan == "native":
         return native_plan(run, save, t_start, res, a.native_only)
+    if a.plan == "native-next":
+        return native_next(run, save, w_of, size_of, t_start, res)
     # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
     plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
     if plain and "max_allocated" in plain and "error" not in plain:
@@ -254,6 +261,58 @@ def native_plan(run: Any, save: Any, t_start: float, res: dict, native_only: boo
                 steps=5)
             if not native_only:
                 run(name, {"kind": "dtr", "budget": b, "swap": True, "label": "torch-dtr + host copies 65%"}, steps=5)
+    save()
+    print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}", flush=True)
+    return 0
+
+
+def native_next(run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, res: dict) -> int:
+    """The compiled front end's open questions on a GPU, most needed first: its budget bounding the allocator's
+    count (NOTE [ Native front end ] 8) at 50% of GPT-2 small's peak; its host tier on GPT-2 small at 25% of the
+    peak (or 1.25x the single-op floor) and on the LSTM loop at 50% (with gradients summed in place, rule 9),
+    each against recomputing only; ResNet-50 at no budget and 50%; the largest GPT-2 small batch under the cap
+    with the tier; then the compiled core at no budget where mypy is importable."""
+    from torch_dtr import native
+    from torch_dtr.core.compiled import CompiledCoreUnavailable, build
+
+    res["command"] = res["command"] + " --plan native-next"
+    t0 = time.perf_counter()
+    ok = native.available()
+    res["native_build_s"] = time.perf_counter() - t0
+    print(f"native front end: {'built' if ok else 'NOT built'} in {res['native_build_s']:.0f} s", flush=True)
+    if not ok:
+        save()
+        return 1
+    name = "gpt2-small"
+    p = run(name, {"kind": "plain", "label": "plain PyTorch"})
+    if p is not None and "error" not in p:
+        peak = p["max_allocated"]
+        run(name, {"kind": "native", "budget": peak // 2, "label": "torch-dtr native 50%"})
+        b = max(int(1.25 * GPT2_SMALL_FLOOR), int(0.25 * peak))
+        tag = f"{b / peak:.0%}" + ("" if b == int(0.25 * peak) else " (1.25x floor)")
+        run(name, {"kind": "native", "budget": b, "swap": True, "label": f"torch-dtr native + host copies {tag}"})
+        run(name, {"kind": "native", "budget": b, "label": f"torch-dtr native {tag}"})
+    p = run("lstm", {"kind": "plain", "label": "plain PyTorch"})
+    if p is not None and "error" not in p:
+        b = p["max_allocated"] // 2
+        run("lstm", {"kind": "native", "budget": b, "swap": True, "label": "torch-dtr native + host copies 50%"})
+        run("lstm", {"kind": "native", "budget": b, "label": "torch-dtr native 50%"})
+    p = run("resnet50", {"kind": "plain", "label": "plain PyTorch"}, steps=5)
+    if p is not None and "error" not in p:
+        run("resnet50", {"kind": "native", "budget": None, "label": "torch-dtr native, no budget"}, steps=5)
+        run("resnet50", {"kind": "native", "budget": p["max_allocated"] // 2, "label": "torch-dtr native 50%"})
+    w = w_of(name)
+    largest_batch(run, save, w, name, size_of(name), w["cap"], (4, 5, 6),
+                  ({"kind": "native", "budget": int(w["cap"] * 0.8), "swap": True,
+                    "label": "torch-dtr native + host copies, budget 80% of the cap"},))
+    try:
+        build()
+    except (CompiledCoreUnavailable, OSError) as e:
+        print(f"the compiled core cannot be built here ({e}): its contenders are skipped", flush=True)
+    else:
+        for n in (name, "lstm"):
+            run(n, {"kind": "native", "budget": None, "core": "compiled",
+                    "label": "torch-dtr native, compiled core, no budget"}, steps=5)
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}", flush=True)
     return 0

@@ -103,7 +103,7 @@ def work(spec: dict) -> dict:
                              swap=spec.get("swap", False))
             if cuda:
                 out["allocator_settings"] = _allocator_settings()
-        if kind == "native":  # the compiled front end (a preview: its budget counts its own values, docs/native.md)
+        if kind == "native":  # the compiled front end (on CUDA its budget bounds the allocator's count: docs/native.md)
             from .. import native
 
             native.enable(spec.get("budget"), swap=spec.get("swap", False))
