@@ -300,7 +300,8 @@ def native_next(run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, re
     p = run("resnet50", {"kind": "plain", "label": "plain PyTorch"}, steps=5)
     if p is not None and "error" not in p:
         run("resnet50", {"kind": "native", "budget": None, "label": "torch-dtr native, no budget"}, steps=5)
-        run("resnet50", {"kind": "native", "budget": p["max_allocated"] // 2, "label": "torch-dtr native 50%"})
+        run("resnet50", {"kind": "native", "budget": p["max_allocated"] // 2, "label": "torch-dtr native 50%"},
+            steps=5)
     w = w_of(name)
     largest_batch(run, save, w, name, size_of(name), w["cap"], (4, 5, 6),
                   ({"kind": "native", "budget": int(w["cap"] * 0.8), "swap": True,
@@ -310,9 +311,9 @@ def native_next(run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, re
     except (CompiledCoreUnavailable, OSError) as e:
         print(f"the compiled core cannot be built here ({e}): its contenders are skipped", flush=True)
     else:
-        for n in (name, "lstm"):
+        for n in (name, "lstm"):  # (as many steps as plain's run: bitwise compares every loss)
             run(n, {"kind": "native", "budget": None, "core": "compiled",
-                    "label": "torch-dtr native, compiled core, no budget"}, steps=5)
+                    "label": "torch-dtr native, compiled core, no budget"})
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}", flush=True)
     return 0
