@@ -5,6 +5,9 @@ room for two terms rather than three; the values stay bitwise plain's."""
 from __future__ import annotations
 
 import gc
+import queue
+import threading
+import time
 from collections import Counter
 
 import pytest
@@ -87,11 +90,12 @@ def test_at_80_percent_of_the_peak_it_recomputes_far_less_and_stays_bitwise_with
     assert 2 * remats[True] < remats[False], remats
 
 
-@pytest.mark.parametrize("weak", [False, True], ids=["destructor", "weak-reference"])
-def test_a_value_that_cannot_be_recomputed_outlives_its_last_handle_for_its_readers(weak):
-    """The slot takes the storage back when the last handle dies (its destructor; or, under a weak reference to
-    the tensor, release_resources, which TensorImpl runs earlier): else a recipe that reads the value, here one
-    drawn from a generator of its own (no recipe, kept resident for its readers), finds it gone."""
+@pytest.mark.parametrize("how", ["destructor", "weak-reference", "data-replaced"])
+def test_a_value_that_cannot_be_recomputed_outlives_its_last_handle_for_its_readers(how):
+    """The slot takes the storage back when the last handle lets go of it (its destructor; under a weak reference
+    to the tensor, release_resources, which TensorImpl runs earlier; ``t.data = other``): else a recipe that
+    reads the value, here one drawn from a generator of its own (no recipe, kept resident for its readers),
+    finds it gone."""
     x = torch.rand(256, 256)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -100,8 +104,11 @@ def test_a_value_that_cannot_be_recomputed_outlives_its_last_handle_for_its_read
         gen.manual_seed(3)
         r = torch.bernoulli(x.tanh(), generator=gen)  # managed (no grad: inference), pinned: no recipe
         z = r * 2 + 1  # its recipe reads r
-        ref = torch._C._WeakTensorRef(r) if weak else None
-        del r
+        ref = torch._C._WeakTensorRef(r) if how == "weak-reference" else None
+        if how == "data-replaced":
+            r.data = torch.zeros(256, 256)
+        else:
+            del r
         gc.collect()
         for st in list(s.rt.candidates):  # evict what can be: z comes back from r's value
             if not st.locks:
@@ -111,3 +118,56 @@ def test_a_value_that_cannot_be_recomputed_outlives_its_last_handle_for_its_read
     assert ref is None or ref.expired()
     assert torch.equal(got, want_r * 2 + 1)
     assert native.stats()["rematerializations"] > 0
+
+
+def test_handles_let_go_on_another_thread_while_this_one_runs_ops_under_a_budget():
+    """Handle deaths on other threads (autograd's device threads, a consumer's queue) hand storages back to their
+    slots while the enabling thread computes, evicts and recomputes: the values stay plain's, bitwise."""
+
+    def program(budget=None, drop=None):
+        gen = torch.Generator().manual_seed(5)
+        acc = torch.rand(96, 96, generator=torch.Generator().manual_seed(4))
+        outs, bigs = [], []
+        with torch.no_grad():
+            if budget is not None:
+                native.enable(budget)
+            for i in range(60):
+                r = torch.bernoulli(acc.sigmoid(), generator=gen)  # no recipe: kept for its readers
+                z = r * 0.5 + acc
+                if drop is not None:
+                    drop.put(r)  # the last handle goes on the other thread
+                del r
+                acc = z.tanh() + 0.01 * i
+                bigs.append(acc.repeat(8, 1))  # held, evictable: it comes back through z, which reads r
+                if len(bigs) > 4:
+                    outs.append(bigs.pop(0).sum().item())
+                if i % 10 == 9:  # a fresh start (the chain behind it dies with its last reader)
+                    acc = torch.rand(96, 96, generator=gen)
+            outs += [b.sum().item() for b in bigs]
+            if budget is not None:
+                s = native.stats()
+                native.disable()
+                assert s["evictions"] > 0 and s["rematerializations"] > 0, s
+        return outs
+
+    want = program()
+    native.enable()
+    program()  # no budget: the peak it counts
+    peak = native.stats()["peak_bytes"]
+    native.disable()
+    drop: queue.Queue = queue.Queue()
+
+    def dropper():
+        while (item := drop.get()) is not None:
+            time.sleep(0.0002)
+            del item
+
+    th = threading.Thread(target=dropper)
+    th.start()
+    try:
+        got = program(int(peak * 0.6), drop)
+    finally:
+        drop.put(None)
+        th.join()
+    gc.collect()
+    assert got == want

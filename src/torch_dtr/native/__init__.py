@@ -56,7 +56,8 @@
 # 9. Gradients summed in place: autograd's engine adds a value's next gradient term into the running sum in place
 #    only when it holds the sum's tensor and storage alone (InputBuffer::accumulate); otherwise it makes a new
 #    tensor per term, so a sum needs room for three terms at once instead of two. A managed tensor here is one
-#    (front.cpp, rule 6: the core's slot holds its storage only while no handle does), and the write makes a new
+#    (front.cpp, rule 6: the core's slot holds its storage only while no handle does; the last handle to let go
+#    of it, by dying on any thread or by ``t.data = other``, hands it back), and the write makes a new
 #    version of the sum as any in-place write does (NOTE [ In-place mutation ]). The Python front end cannot have
 #    it (with a dispatch mode on, the engine treats every tensor as a subclass and never writes in place), so the
 #    two front ends' decisions differ on programs that sum gradients (``grads_in_place=False`` makes them equal).

@@ -150,8 +150,8 @@ struct Slot : c10::intrusive_ptr_target {  // one core storage (rules 2 and 6)
   // its StorageImpl, as a reference of one's own (raises if it died behind the slot's back: rule 6)
   c10::Storage storage() const {
     auto p = weak.lock();
-    TORCH_CHECK(p, "torch_dtr native: a managed value's memory was released while torch-dtr still needed it (was "
-                "a managed tensor's .data replaced?)");
+    TORCH_CHECK(p, "torch_dtr native: a managed value's memory was released while torch-dtr still needed it (a "
+                "tensor's storage replaced where torch-dtr could not see it?)");
     return c10::Storage(std::move(p));
   }
   void own(c10::Storage s) {  // another StorageImpl, held by the slot alone
@@ -199,8 +199,9 @@ struct Handle : c10::TensorImpl {
   Handle(c10::Storage s, DispatchKeySet ks, caffe2::TypeMeta dt, c10::intrusive_ptr<Buffer> b)
       : c10::TensorImpl(std::move(s), ks, dt), buffer(std::move(b)) {}
   // The last holder of its slot's StorageImpl among the handles hands it back to the slot before letting go
-  // (rule 6): in the destructor (the storage goes after it), or in release_resources, where TensorImpl lets
-  // go of its storage when weak references keep the object (the destructor then comes later, or never soon).
+  // (rule 6): in the destructor (the storage goes after it), in release_resources, where TensorImpl lets go of
+  // its storage when weak references keep the object (the destructor then comes later, or never soon), and
+  // before its storage is replaced.
   void release_resources() override {
     let_go();
     c10::TensorImpl::release_resources();
@@ -208,8 +209,16 @@ struct Handle : c10::TensorImpl {
   ~Handle() override { let_go(); }
   void let_go() {
     if (!buffer) return;
-    if (storage_.unsafeGetStorageImpl() == buffer->slot->impl && storage_.use_count() == 1) buffer->slot->reclaim();
+    keep();
     buffer.reset();
+  }
+  void keep() const {  // this handle is about to let go of its storage: if it is the last holder, the slot takes it
+    if (storage_.unsafeGetStorageImpl() == buffer->slot->impl && storage_.use_count() == 1) buffer->slot->reclaim();
+  }
+  // `t.data = other` replaces this handle's storage (autograd's set_data): the same hand-back first
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override {
+    if (buffer) keep();
+    c10::TensorImpl::shallow_copy_from(impl);
   }
   template <typename VC>
   c10::intrusive_ptr<c10::TensorImpl> copy_(VC&& vc, bool allow) const {
