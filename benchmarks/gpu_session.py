@@ -214,12 +214,24 @@ def main() -> int:
     return 0
 
 
+def _native_built(res: dict, save: Any) -> bool:
+    """Build the compiled front end on the device (it needs a C++ compiler and ninja there), timed."""
+    from torch_dtr import native
+
+    t0 = time.perf_counter()
+    ok = native.available()
+    res["native_build_s"] = time.perf_counter() - t0
+    print(f"native front end: {'built' if ok else 'NOT built'} in {res['native_build_s']:.0f} s", flush=True)
+    if not ok:
+        save()
+    return ok
+
+
 def native_plan(run: Any, save: Any, t_start: float, res: dict, native_only: bool = False) -> int:
     """The per-op targets: at no budget plain, a do-nothing mode, the compiled front end and the Python one on each
     model (five timed steps), then GPT-2 small at 50% of plain's peak and the host tier on the LSTM loop with both
     front ends (the compiled front end is built on the device first: it needs a C++ compiler and ninja there).
     ``native_only``: the compiled front end's runs and plain's alone (the others measured in an earlier call)."""
-    from torch_dtr import native
     from torch_dtr.core.compiled import CompiledCoreUnavailable, build
 
     try:  # the compiled core's contenders where it builds (the device image lacks mypy: carry its wheel)
@@ -229,12 +241,7 @@ def native_plan(run: Any, save: Any, t_start: float, res: dict, native_only: boo
         print(f"the compiled core cannot be built here ({e}): its contenders are skipped", flush=True)
         compiled = False
     res["command"] = res["command"] + " --plan native"
-    t0 = time.perf_counter()
-    ok = native.available()
-    res["native_build_s"] = time.perf_counter() - t0
-    print(f"native front end: {'built' if ok else 'NOT built'} in {res['native_build_s']:.0f} s", flush=True)
-    if not ok:
-        save()
+    if not _native_built(res, save):
         return 1
     for name in ("gpt2-small", "lstm", "gpt2", "resnet50"):
         p = run(name, {"kind": "plain", "label": "plain PyTorch"}, steps=5)
@@ -272,16 +279,10 @@ def native_next(run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, re
     peak (or 1.25x the single-op floor) and on the LSTM loop at 50% (with gradients summed in place, rule 9),
     each against recomputing only; ResNet-50 at no budget and 50%; the largest GPT-2 small batch under the cap
     with the tier; then the compiled core at no budget where mypy is importable."""
-    from torch_dtr import native
     from torch_dtr.core.compiled import CompiledCoreUnavailable, build
 
     res["command"] = res["command"] + " --plan native-next"
-    t0 = time.perf_counter()
-    ok = native.available()
-    res["native_build_s"] = time.perf_counter() - t0
-    print(f"native front end: {'built' if ok else 'NOT built'} in {res['native_build_s']:.0f} s", flush=True)
-    if not ok:
-        save()
+    if not _native_built(res, save):
         return 1
     name = "gpt2-small"
     p = run(name, {"kind": "plain", "label": "plain PyTorch"})
