@@ -21,8 +21,9 @@
 // 6. A slot holds its StorageImpl only while no handle does: from its first handle to its buffer's death the
 //    handles alone hold it (the slot keeps a weak reference), so a managed tensor that nothing else shares has a
 //    storage use count of one, as a plain one has, and autograd's engine sums gradients into it in place
-//    (InputBuffer accumulates in place only then). The dying buffer takes the reference back while its last
-//    handle still holds it. A written value's new slot lends the StorageImpl to the handles the same way.
+//    (InputBuffer accumulates in place only then). The last handle to let go of the StorageImpl (dying,
+//    released, or given another storage by `t.data = other`) hands it back first (Handle::keep); a dying buffer
+//    takes it back if a tensor still holds it. A written value's new slot lends the StorageImpl the same way.
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
