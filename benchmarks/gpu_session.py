@@ -275,46 +275,54 @@ def native_plan(run: Any, save: Any, t_start: float, res: dict, native_only: boo
 
 def native_next(run: Any, save: Any, w_of: Any, size_of: Any, t_start: float, res: dict) -> int:
     """The compiled front end's open questions on a GPU, most needed first: its budget bounding the allocator's
-    count (NOTE [ Native front end ] 8) at 50% of GPT-2 small's peak; its host tier on GPT-2 small at 25% of the
-    peak (or 1.25x the single-op floor) and on the LSTM loop at 50% (with gradients summed in place, rule 9),
-    each against recomputing only; ResNet-50 at no budget and 50%; the largest GPT-2 small batch under the cap
-    with the tier; then the compiled core at no budget where mypy is importable."""
+    count (NOTE [ Native front end ] 8) at 50% of GPT-2 small's peak; the per-op targets at no budget on the
+    bench's GPT-2, LSTM loop and ResNet-50, each with the interpreted and (where mypy is importable) the compiled
+    core; the host tier on the LSTM loop at 50% (gradients summed in place, rule 9) and on GPT-2 small at 25% of
+    its peak (or 1.25x the single-op floor), each against recomputing only; ResNet-50 at 50%; the largest GPT-2
+    small batch under the cap with the tier."""
     from torch_dtr.core.compiled import CompiledCoreUnavailable, build
 
     res["command"] = res["command"] + " --plan native-next"
     if not _native_built(res, save):
         return 1
+    t0 = time.perf_counter()
+    try:
+        build()
+        cores: tuple[dict, ...] = ({}, {"core": "compiled"})
+        res["compiled_core_build_s"] = time.perf_counter() - t0
+    except (CompiledCoreUnavailable, OSError) as e:
+        print(f"the compiled core cannot be built here ({e}): its contenders are skipped", flush=True)
+        cores = ({},)
+
+    def each_core(name: str, spec: dict, steps: int = 3) -> None:
+        for c in cores:
+            run(name, spec | c | {"label": spec["label"] + (", compiled core" if c else "")}, steps=steps)
+
     name = "gpt2-small"
-    p = run(name, {"kind": "plain", "label": "plain PyTorch"})
-    if p is not None and "error" not in p:
-        peak = p["max_allocated"]
-        run(name, {"kind": "native", "budget": peak // 2, "label": "torch-dtr native 50%"})
+    small = run(name, {"kind": "plain", "label": "plain PyTorch"})
+    if small is not None and "error" not in small:
+        each_core(name, {"kind": "native", "budget": small["max_allocated"] // 2, "label": "torch-dtr native 50%"})
+    for n, steps in (("gpt2", 3), ("lstm", 3), ("resnet50", 5)):
+        p = run(n, {"kind": "plain", "label": "plain PyTorch"}, steps=steps)
+        if p is None or "error" in p:
+            continue
+        each_core(n, {"kind": "native", "budget": None, "label": "torch-dtr native, no budget"}, steps=steps)
+        if n == "lstm":
+            b = p["max_allocated"] // 2
+            run(n, {"kind": "native", "budget": b, "swap": True, "label": "torch-dtr native + host copies 50%"})
+            run(n, {"kind": "native", "budget": b, "label": "torch-dtr native 50%"})
+        if n == "resnet50":
+            run(n, {"kind": "native", "budget": p["max_allocated"] // 2, "label": "torch-dtr native 50%"}, steps=5)
+    if small is not None and "error" not in small:
+        peak = small["max_allocated"]
         b = max(int(1.25 * GPT2_SMALL_FLOOR), int(0.25 * peak))
         tag = f"{b / peak:.0%}" + ("" if b == int(0.25 * peak) else " (1.25x floor)")
         run(name, {"kind": "native", "budget": b, "swap": True, "label": f"torch-dtr native + host copies {tag}"})
         run(name, {"kind": "native", "budget": b, "label": f"torch-dtr native {tag}"})
-    p = run("lstm", {"kind": "plain", "label": "plain PyTorch"})
-    if p is not None and "error" not in p:
-        b = p["max_allocated"] // 2
-        run("lstm", {"kind": "native", "budget": b, "swap": True, "label": "torch-dtr native + host copies 50%"})
-        run("lstm", {"kind": "native", "budget": b, "label": "torch-dtr native 50%"})
-    p = run("resnet50", {"kind": "plain", "label": "plain PyTorch"}, steps=5)
-    if p is not None and "error" not in p:
-        run("resnet50", {"kind": "native", "budget": None, "label": "torch-dtr native, no budget"}, steps=5)
-        run("resnet50", {"kind": "native", "budget": p["max_allocated"] // 2, "label": "torch-dtr native 50%"},
-            steps=5)
     w = w_of(name)
     largest_batch(run, save, w, name, size_of(name), w["cap"], (4, 5, 6),
                   ({"kind": "native", "budget": int(w["cap"] * 0.8), "swap": True,
                     "label": "torch-dtr native + host copies, budget 80% of the cap"},))
-    try:
-        build()
-    except (CompiledCoreUnavailable, OSError) as e:
-        print(f"the compiled core cannot be built here ({e}): its contenders are skipped", flush=True)
-    else:
-        for n in (name, "lstm"):  # (as many steps as plain's run: bitwise compares every loss)
-            run(n, {"kind": "native", "budget": None, "core": "compiled",
-                    "label": "torch-dtr native, compiled core, no budget"})
     save()
     print(f"done in {time.perf_counter() - t_start:.0f} s; skipped: {res['skipped']}", flush=True)
     return 0
