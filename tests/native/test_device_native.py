@@ -192,7 +192,9 @@ def test_the_simulated_allocator_is_refused_with_the_python_front_end_named():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_the_budget_bounds_max_memory_allocated_at_50():
+def test_cuda_the_budget_bounds_max_memory_allocated_at_60():
+    # (at 50% this model is infeasible on an H100: parameters, AdamW's state and the inputs, 122 MiB, plus the
+    # largest op's 16 MiB and the 19.5 MiB the core keeps free between two allocator queries pass the budget)
     def run(budget):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU())
@@ -201,21 +203,21 @@ def test_cuda_the_budget_bounds_max_memory_allocated_at_50():
         xs = [torch.randn(4096, 1024, device="cuda") for _ in range(3)]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        if budget is not None:
-            native.enable(budget)
+        s = native.enable(budget) if budget is not None else None
         losses = []
         for x in xs:
             loss = model(x).pow(2).mean()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         native.disable()
         torch.cuda.synchronize()
-        return losses, torch.cuda.max_memory_allocated()
+        return losses, torch.cuda.max_memory_allocated(), s
 
-    losses, peak = run(None)
-    budget = peak // 2
-    got, got_peak = run(budget)
+    losses, peak, _ = run(None)
+    budget = int(peak * 0.6)
+    got, got_peak, s = run(budget)
     assert got == losses
+    assert s.rt.stats().evictions > 0
     assert got_peak <= budget, (got_peak, budget)
