@@ -333,3 +333,45 @@ def test_expandable_segments_are_switched_for_the_session_and_back():
         torch_dtr.enable(device=torch.device("cpu"))
     with pytest.raises(ValueError, match="sync_every must be an int >= 1"):
         torch_dtr.enable(sync_every=0)
+
+
+# ---------------------------------------------------------------------------------------------- rule 8
+class _Preparing(SimulatedDevice):
+    """Counts ``prepare()`` calls and whether the front end's mode was on during them."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.prepared = 0
+        self.managed_then = None
+
+    def prepare(self) -> None:
+        self.prepared += 1
+        self.managed_then = torch_dtr.enabled()
+
+
+def test_enable_with_a_budget_prepares_the_device_once_before_managing_and_not_without_one():
+    # NOTE [ Device memory ] 8: libraries' per-thread workspaces must exist before the first allocator query
+    with _Preparing("64MiB") as dev:
+        torch_dtr.enable(budget="32MiB", device=dev)
+        torch_dtr.disable()
+        assert dev.prepared == 1 and dev.managed_then is False
+        torch_dtr.enable(device=dev)
+        torch_dtr.disable()
+        assert dev.prepared == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_prepare_allocates_the_backward_threads_workspace_up_front():
+    # after prepare(), a first backward matrix product allocates nothing that outlives it
+    from torch_dtr.eager.device import CudaDevice
+
+    dev = CudaDevice()
+    dev.prepare()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    a = torch.randn(64, 64, device="cuda", requires_grad=True)
+    (a @ a).sum().backward()
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before
+    del a
+    assert kept <= 2 * 64 * 64 * 4 + 1024, kept  # a and its gradient, nothing of cuBLAS's

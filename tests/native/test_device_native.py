@@ -93,6 +93,29 @@ def test_the_budget_bounds_the_allocators_count_at_60_with_a_device_and_not_with
     assert loose > budget * 1.05, (loose, budget)
 
 
+class PreparingDevice(BlocksDevice):
+    """Counts ``prepare()`` calls and whether this thread's ops were managed during them."""
+
+    def __init__(self) -> None:
+        self.prepared = 0
+        self.managed_then = None
+
+    def prepare(self) -> None:
+        self.prepared += 1
+        self.managed_then = native.load().is_managed(torch.ones(2, requires_grad=True) * 2)
+
+
+def test_enable_with_a_budget_prepares_the_device_once_before_managing_and_not_without_one():
+    # NOTE [ Device memory ] 8: libraries' per-thread workspaces must exist before the first allocator query
+    dev = PreparingDevice()
+    native.enable("1GiB", device=dev)
+    native.disable()
+    assert dev.prepared == 1 and dev.managed_then is False
+    native.enable(None, device=dev)
+    native.disable()
+    assert dev.prepared == 1
+
+
 class CountingDevice(BlocksDevice):
     """Counts its queries."""
 

@@ -90,6 +90,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
     f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
               int(sync_every), swap, host, gbps)
+    if nbytes is not None and f.dev is not None:
+        f.dev.prepare()  # NOTE [ Device memory ] 8 (before the mode: these ops stay plain)
     f.expandable_was = _expandable(f.dev, expandable_segments)
     f.mode.__enter__()
     _front.set_active(f)

@@ -43,7 +43,7 @@
 #    order that leaves such holes (a value's data goes when the core drops it, not when its tensor dies): the heap
 #    of the bench's LSTM loop grew to 1.96 GiB for 0.35 GiB in use; with `Blocks`, 0.34 GiB (docs/native.md).
 #    Tensors keep their allocator after ``disable()``. CPU memory profiling does not see these blocks.
-# 8. Device memory (NOTE [ Device memory ] 1-3, as the Python front end): on CUDA the budget bounds the bytes
+# 8. Device memory (NOTE [ Device memory ] 1-3 and 8, as the Python front end): on CUDA the budget bounds the bytes
 #    PyTorch's allocator has handed out, whoever asked for them. The core learns what it does not track
 #    (``outside``: optimizer state, workspaces, tensors made before enabling) from ``device.usage()`` every 64
 #    managed ops that need room, after each optimizer step (whose plain updates allocate its state) and before
@@ -174,6 +174,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if banish_depth is None:
         banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
     ext = load()
+    if nbytes is not None and device is not None:
+        device.prepare()  # NOTE [ Device memory ] 8 (before the thread's ops reach the kernel)
     if _SESSION is not None:
         ext.forget()
     tier = NativeTier(ext, cuda, host, None if gbps is None else gbps * 1e9) if swap else None
