@@ -157,6 +157,58 @@ def test_out_of_memory_evicts_and_retries_with_no_budget_at_a_capacity_of_70():
     assert peak <= capacity
 
 
+class LaidOutDevice(BlocksDevice):
+    """A device that knows its layout (as CUDA's allocator does, NOTE [ Device memory ] 4): one segment whose blocks
+    are the session's evictable values in address order. Records each layout it gives, and the evictions after."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def segments(self):
+        rt = native._SESSION.rt
+        blocks = sorted((s.payload.data_ptr, s.nbytes, s.sid, s.locks) for s in rt.candidates  # (the large pool)
+                        if s.payload.data_ptr and s.nbytes > 1 << 20)
+        free = min(k for k, b in enumerate(blocks) if not b[3])  # the first block not held by the op in flight
+        self.events.append(("layout", [(a, n) for a, n, _, _ in blocks], {b[2]: k for k, b in enumerate(blocks)}, free))
+        return [(False, [(a, n, True) for a, n, _, _ in blocks])]
+
+    def listen(self, kind, s):
+        if kind == "evict":
+            self.events.append(("evict", s.sid))
+
+
+def test_out_of_memory_evicts_a_run_of_adjacent_blocks_first_where_the_device_knows_its_layout():
+    losses, params, plain_peak, _ = _train()
+    capacity = int(plain_peak * 0.7)
+    dev = LaidOutDevice()
+    native_enable = native.enable
+
+    def enable(*a, **k):  # listen to the core's evictions from the start
+        s = native_enable(*a, **k)
+        s.rt.listen(dev.listen)
+        return s
+
+    native.enable = enable
+    try:
+        got, got_params, _, s = _train(None, dev, capacity=capacity)
+    finally:
+        native.enable = native_enable
+    assert got == losses and all(torch.equal(a, b) for a, b in zip(got_params, params, strict=True))
+    assert s.rt.stats().oom_retries > 0
+    layouts = 0
+    for i, e in enumerate(dev.events):
+        if e[0] != "layout":
+            continue
+        layouts += 1
+        _, blocks, index, free = e
+        after = dev.events[i + 1] if i + 1 < len(dev.events) else None
+        assert after is not None and after[0] == "evict", "an eviction follows the layout's reading"
+        # this MLP's requests fit one 2 MiB block: the cheapest window is the first block in address order that the
+        # op in flight does not hold, where the policy alone picks by score
+        assert all(n == 2 << 20 for _, n in blocks) and index[after[1]] == free, (blocks, index, after, free)
+    assert layouts == s.rt.stats().oom_retries > 0
+
+
 def test_without_a_device_out_of_memory_is_raised_as_plain_pytorch_raises_it():
     _, _, plain_peak, _ = _train()
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):  # a budget far above: nothing evicted

@@ -228,9 +228,11 @@ class OutOfMemory:
     """Runs an op (or a recomputation) and, when the device runs out of memory, evicts and retries
     (NOTE [ Device memory ] 4)."""
 
-    def __init__(self, rt: Runtime, device: Device) -> None:
+    def __init__(self, rt: Runtime, device: Device,
+                 address: Callable[[Any], int] = lambda t: t.untyped_storage().data_ptr()) -> None:
         self.rt = rt
         self.device = device
+        self.address = address  # a payload's address in the device's memory (0: none)
 
     def __call__(self, run: Callable[[], Any], need: int, rng: RngState | None) -> Any:
         while True:
@@ -258,9 +260,12 @@ class OutOfMemory:
         if not segments:
             return []
         by_ptr = {}
+        address = self.address
         for s in self.rt.candidates:
             if not s.locks and s.payload is not None:
-                by_ptr[s.payload.untyped_storage().data_ptr()] = s
+                a = address(s.payload)
+                if a:
+                    by_ptr[a] = s
         return window(segments, by_ptr, need, self.device.small)
 
 

@@ -26,12 +26,12 @@
 #    seen on it lives, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
 #    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says.
-# 5. What this preview does not do yet, where eager/front.py does: eviction windows on CUDA (rule 8), tenants,
-#    threads other than the enabling one (theirs run plain unless they read managed tensors), torch.compile regions
-#    and torch.func transforms (not told apart), learned sizes (meta kernels only); an op that writes more than one
-#    managed value pins them. An evicted value read without an op sees no data: ``t.tolist()`` raises PyTorch's
-#    "unallocated storage" error and ``t.data_ptr()`` is 0 (any op, even ``t.detach()``, brings it back first); the
-#    Python front end's wrapper tensors refuse those reads.
+# 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one
+#    (theirs run plain unless they read managed tensors), torch.compile regions and torch.func transforms (not
+#    told apart), learned sizes (meta kernels only); an op that writes more than one managed value pins them.
+#    An evicted value read without an op sees no data: ``t.tolist()`` raises PyTorch's "unallocated storage"
+#    error and ``t.data_ptr()`` is 0 (any op, even ``t.detach()``, brings it back first); the Python front end's
+#    wrapper tensors refuse those reads.
 # 6. The host tier (``enable(swap=True)``; NOTE [ Swapping ], NOTE [ Host copies ]): the core chooses, as with
 #    the Python front end, and its tier (native/swap.py) moves a victim's bytes out of its slot into a plain
 #    tensor (``Value.take``), copies them to host memory as the Python front end's tier does, and copies them back
@@ -52,7 +52,8 @@
 #    of the device's memory (with or without a budget) makes the core evict at least what the allocator was
 #    asked for, gets its arguments and random state back, and runs again (front.cpp, `run_retrying`); re-raised
 #    when nothing is left to evict; so do recomputations, and plain ops (an optimizer's update) but random ones.
-#    Not yet: the window of adjacent blocks that the Python front end evicts first (NOTE [ Device memory ] 4).
+#    Where the device knows its layout (CUDA), a window of adjacent blocks goes first, as with the Python front
+#    end (NOTE [ Device memory ] 4; ``Value.data_ptr`` gives a value's address).
 # 9. Gradients summed in place: autograd's engine adds a value's next gradient term into the running sum in place
 #    only when it holds the sum's tensor and storage alone (InputBuffer::accumulate); otherwise it makes a new
 #    tensor per term, so a sum needs room for three terms at once instead of two. A managed tensor here is one

@@ -1409,6 +1409,10 @@ std::unordered_map<std::string, int64_t> counters() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Value>(m, "Value")
       .def("drop", [](Value& v) { v.slot->drop(); })
+      .def_property_readonly("data_ptr", [](const Value& v) {  // its address, 0 when evicted (an OOM's window)
+        auto p = v.slot->weak.lock();
+        return p ? reinterpret_cast<intptr_t>(p->data()) : intptr_t{0};
+      })
       .def("take", &take_bytes)
       .def("fill", &fill_bytes);
   py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, const py::args& lend) { return r.call(lend); });

@@ -16,7 +16,7 @@ import torch
 from ..core import Memory, Op, Runtime, Storage, Tier
 from ..core.policies import Policy
 from ..eager.costs import model_cost
-from ..eager.device import MIN_EVICT, Device
+from ..eager.device import MIN_EVICT, Device, OutOfMemory
 
 # Recipes that read a constant die with their outputs; the lists of readers are pruned now and then.
 _PRUNE = 64
@@ -49,6 +49,8 @@ class Session:
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
         self.hooked: dict[int, weakref.ref] = {}  # leaves given the plain-gradient hook (by id, checked by identity)
+        # out of memory: a window of adjacent blocks first where the device knows its layout (NOTE [ Device memory ] 4)
+        self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
 
     # ------------------------------------------------------------------ called by the kernel
     def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
@@ -144,12 +146,14 @@ class Session:
 
     def oom(self, message: str, need: int, ins: list[Storage]) -> bool:
         """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
-        was asked for (and 1 MiB), never the op's inputs ``ins``; False when nothing was left to evict (the kernel
-        re-raises)."""
+        was asked for (and 1 MiB), a window of adjacent blocks first where the device knows its layout, never
+        the op's inputs ``ins``; False when nothing was left to evict (the kernel re-raises)."""
         self.ext.forget_room()
         rt = self.rt
         held = rt.acquire(ins) if ins else []
         try:
+            if self.evictor is not None:
+                return self.evictor.evict(RuntimeError(message), need)
             return rt.out_of_memory(max(Device.requested(RuntimeError(message)), need, MIN_EVICT)) > 0
         finally:
             rt.release(held)
