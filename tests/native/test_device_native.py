@@ -116,6 +116,34 @@ def test_enable_with_a_budget_prepares_the_device_once_before_managing_and_not_w
     assert dev.prepared == 1
 
 
+def test_plain_ops_outputs_on_the_device_count_as_outside_at_the_next_managed_op():
+    # NOTE [ Device memory ] 2: what plain ops make on the device counts against the budget from the next managed
+    # op on, as the Python front end counts it, not from the next allocator query (up to 64 managed ops later)
+    native.load().cpu_blocks(True)
+    w = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(1024, 256)
+    s = native.enable("1GiB", device=BlocksDevice())
+    mem = s.rt.memory
+    h = x @ w  # the first managed op queries the allocator
+    before, syncs = mem.outside, s.rt.stats().syncs
+    kept = [x * k for k in range(3)]  # plain ops (nothing requires grad), 1 MiB each
+    view = kept[0][:10]  # a view makes no memory
+    # (factory ops such as torch.ones never reach this front end's kernel: what they make waits for a query)
+    h = torch.tanh(h)  # (a managed op that fits: no query)
+    h = h @ w
+    assert s.rt.stats().syncs == syncs
+    assert mem.outside == before + 3 * (1 << 20), (mem.outside - before)
+    native.disable()
+    del kept, view, h
+    # without a budget nothing is counted (no decision reads it)
+    s = native.enable(None, device=BlocksDevice())
+    h = x @ w
+    before = s.rt.memory.outside
+    kept = [x * k for k in range(3)]
+    h = h @ w
+    assert s.rt.memory.outside == before and len(kept) == 3
+
+
 class CountingDevice(BlocksDevice):
     """Counts its queries."""
 

@@ -48,10 +48,13 @@
 #    (``outside``: optimizer state, workspaces, tensors made before enabling) from ``device.usage()`` every 64
 #    managed ops that need room, after each optimizer step (whose plain updates allocate its state) and before
 #    a BudgetError; the kernel's fast path (no call into the core for an op that fits) asks the core again
-#    once a query is due. Outputs on CUDA count as its allocator rounds them (512 B). A managed op that runs out
-#    of the device's memory (with or without a budget) makes the core evict at least what the allocator was
-#    asked for, gets its arguments and random state back, and runs again (front.cpp, `run_retrying`); re-raised
-#    when nothing is left to evict; so do recomputations, and plain ops (an optimizer's update) but random ones.
+#    once a query is due. Outputs on CUDA count as its allocator rounds them (512 B). Under a budget, plain ops'
+#    fresh outputs on the device count as outside from the next call into the core on (``plain``), as the Python
+#    front end counts them; factory ops (``torch.ones``) never reach the kernel: theirs wait for a query. A
+#    managed op that runs out of the device's memory (with or without a budget) makes the core evict at least
+#    what the allocator was asked for, gets its arguments and random state back, and runs again (front.cpp,
+#    `run_retrying`); re-raised when nothing is left to evict; so do recomputations, and plain ops (an
+#    optimizer's update) but random ones.
 #    Where the device knows its layout (CUDA), a window of adjacent blocks goes first, as with the Python front
 #    end (NOTE [ Device memory ] 4; ``Value.data_ptr`` gives a value's address).
 # 9. Gradients summed in place: autograd's engine adds a value's next gradient term into the running sum in place
@@ -192,6 +195,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8
+    ext.set_count_plain(0 if device is None else 1 if cuda else 2)  # rule 8: plain ops' outputs on the device
     ext.set_lend(bool(grads_in_place))  # rule 9
     ext.attach(True)
     return s
@@ -208,6 +212,7 @@ def disable() -> None:
     s.active = False
     s.ext.attach(False)
     s.ext.set_retry(False)
+    s.ext.set_count_plain(0)
     s.ext.set_lend(True)
     s.ext.cpu_blocks(False)
     s.ext.stop()

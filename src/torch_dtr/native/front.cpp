@@ -137,6 +137,11 @@ Py* g_py = new Py();
 // bytes free under the budget as the core counted them after its last call (-1: not known). An op whose
 // predicted bytes fit skips `before`: the core's reserve would not evict, and its inputs are resident
 int64_t g_room = -1;
+// under a budget with a device (NOTE [ Device memory ] 2): plain ops' fresh outputs on it count as outside bytes
+// until the core's next query; their bytes since the last call into the core (any thread adds, the GIL's holder
+// takes). The device: 0 none, 1 CUDA (its allocator's 512-byte blocks), 2 the CPU (this front end's `Blocks`).
+int g_count_plain = 0;
+std::atomic<int64_t> g_plain_bytes{0};
 bool g_stepping = false;  // inside an optimizer's step(): its updates stay plain (NOTE [ Managed vs constant ] 5)
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0;
 
@@ -794,6 +799,29 @@ void run_below(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::
   op.redispatchBoxed(below, stack);
 }
 
+// a plain op ran: its fresh outputs on the budgeted device, as eager/front.py's plain_outputs counts them (an
+// output sharing another's storage counts twice: the count errs high until the next query corrects it)
+void count_plain(const Facts& f, const torch::jit::Stack& stack) {
+  const size_t nout = f.returns.size();
+  if (stack.size() < nout) return;
+  const size_t base = stack.size() - nout;
+  int64_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided) return;
+    if (g_count_plain == 1 ? !t.is_cuda() : !t.is_cpu()) return;
+    const auto b = static_cast<int64_t>(t.storage().nbytes());
+    n += g_count_plain == 1 ? (b + 511) / 512 * 512 : b;
+  };
+  for (size_t k = 0; k < nout; ++k) {
+    if (f.returns[k]) continue;  // an alias of an input
+    const IValue& v = stack[base + k];
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+  }
+  if (n) g_plain_bytes.fetch_add(n, std::memory_order_relaxed);
+}
+
 // An op that ran out of its device's memory (NOTE [ Native front end ] 8, NOTE [ Device memory ] 4): the core
 // evicts (at least what the allocator was asked for; never the op's managed inputs `ins`, which it locks while
 // it chooses), the op's arguments and random state are put back, and it runs again; re-raised when nothing was
@@ -1018,9 +1046,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object held = py::none();
   // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
-  if (evicted || (g_py->budget >= 0 && need > g_room) || fresh_consts.size() || writes.size() || g_py->closed) {
+  if (evicted || (g_py->budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > g_room) ||
+      fresh_consts.size() || writes.size() || g_py->closed) {
     ++g_calls;
-    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes);
+    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes, g_plain_bytes.exchange(0));
   }
   // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
   // gets a recipe that replays the write, the old one keeps its own; "copy": the old value, which cannot be
@@ -1174,7 +1203,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
   auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
-                       dead ? take_dead() : py::list()).cast<py::tuple>();
+                       dead ? take_dead() : py::list(), g_plain_bytes.exchange(0)).cast<py::tuple>();
   py::list storages = out[0];
   g_room = out[1].cast<int64_t>();
   if (writing) {  // the handles now name the new version
@@ -1249,6 +1278,7 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
     }
     if (g_py->retry && !f.random) run_plain_retrying(op, below, stack, start);
     else run_below(op, below, stack);
+    if (g_count_plain && f.fresh && g_py->budget >= 0) count_plain(f, *stack);
     return;
   }
   py::gil_scoped_acquire gil;
@@ -1340,6 +1370,10 @@ void set_budget(int64_t b) {
 void forget_room() { g_room = -1; }
 void set_stepping(bool on) { g_stepping = on; }
 void set_retry(bool on) { g_py->retry = on; }
+void set_count_plain(int64_t device) {
+  g_count_plain = static_cast<int>(device);
+  g_plain_bytes = 0;
+}
 void set_lend(bool on) { g_lend = on; }
 
 bool is_managed(const at::Tensor& t) { return handle_of(t) != nullptr; }
@@ -1424,6 +1458,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_room", &forget_room);
   m.def("set_stepping", &set_stepping);
   m.def("set_retry", &set_retry);
+  m.def("set_count_plain", &set_count_plain);
   m.def("set_lend", &set_lend);
   m.def("attach", &attach);
   m.def("attached", &attached);

@@ -54,11 +54,14 @@ class Session:
 
     # ------------------------------------------------------------------ called by the kernel
     def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
-               writes: list[Storage]) -> Any:
+               writes: list[Storage], plain: int = 0) -> Any:
         """Ahead of an op: drop the handles that died, count new constants, make the inputs resident and lock
         them, decide how the op's in-place write is kept (NOTE [ Native front end ] 5), and reserve ``need``
-        bytes. Returns the locked storages, and with ``writes`` the way the write is kept."""
+        bytes. ``plain``: bytes plain ops made on the device since the last call (NOTE [ Device memory ] 2).
+        Returns the locked storages, and with ``writes`` the way the write is kept."""
         rt = self.rt
+        if plain:
+            rt.add_outside(plain)
         for s in dead:
             rt.drop_ref(s)
         for t, key, nbytes in consts:
@@ -83,13 +86,15 @@ class Session:
         return (held, mode) if writes else held
 
     def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
-            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage]
+            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage], plain: int = 0
             ) -> tuple[list[Storage], int]:
         """After an op: advance the clock, record the recipe, count the new storages (one handle group each);
         ``wrote``: (the storage written in place, how it is kept, the new value's payload). The new version,
         if any, comes last. ``dead``: handle groups that died since the last call (dropped first, as if before
-        the op)."""
+        the op); ``plain`` as for ``before``."""
         rt = self.rt
+        if plain:
+            rt.add_outside(plain)
         for s in dead:
             rt.drop_ref(s)
         try:
