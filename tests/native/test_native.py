@@ -461,3 +461,38 @@ def test_while_enabled_a_freed_cpu_blocks_hole_takes_its_successor():
     assert torch.empty(n).data_ptr() == ptrs[i], "the hole did not take a block of its own size"
     native.disable()
     assert not ext.cpu_blocks_on()
+
+
+def test_at_no_budget_ops_that_make_no_memory_are_queued_and_the_core_counts_as_without_the_queue():
+    # front.cpp rule 7: views, detach and t wait in the kernel for the next call into the core, which tells them
+    # first; the core's counts (ops, the floor, the peak) are those of a budget far above the peak (no queue), and
+    # the floor and peak those of the Python front end
+    def step():
+        torch.manual_seed(0)
+        w = torch.randn(64, 64, requires_grad=True)
+        x = torch.randn(32, 64)
+        h = x
+        for _ in range(6):
+            h = torch.tanh(h @ w.t()).view(32, 8, 8).transpose(1, 2).reshape(32, 64)
+        h.sum().backward()
+        return w.grad.clone()
+
+    ref = step()
+    keys = ("ops", "floor_bytes", "peak_bytes", "evictions")
+    counts, queued = {}, {}
+    for label, budget in (("queued", None), ("told at once", 1 << 30)):
+        before = native.load().counters()["queued"]
+        native.enable(budget, grads_in_place=False)
+        got = step()
+        s = native.stats()
+        native.disable()
+        assert torch.equal(got, ref)
+        counts[label] = tuple(s[k] for k in keys)
+        queued[label] = native.load().counters()["queued"] - before
+    assert queued["queued"] >= 6 * 3 and queued["told at once"] == 0, queued  # t, view, transpose per layer
+    assert counts["queued"] == counts["told at once"], counts
+    torch_dtr.enable()
+    step()
+    py = _python_stats()
+    torch_dtr.disable()
+    assert counts["queued"][1:3] == (py["floor_bytes"], py["peak_bytes"])

@@ -24,6 +24,10 @@
 //    (InputBuffer accumulates in place only then). The last handle to let go of the StorageImpl (dying,
 //    released, or given another storage by `t.data = other`) hands it back first (Handle::keep); a dying buffer
 //    takes it back if a tensor still holds it. A written value's new slot lends the StorageImpl the same way.
+// 7. With no budget, an op that made no memory (a view, `detach`, `t`) and found nothing for the core to do first
+//    (no deaths, no lock) is queued, not told: the next call into the core (before, ran, or the session's own
+//    entries through `take_views`) hands the queue over first, so the core sees the same events in the same order
+//    (NOTE [ Native front end ] 10).
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -129,6 +133,7 @@ bool g_lend = true;     // slots lend their StorageImpl to the handles (rule 6; 
 
 struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   py::object session, before, ran, cost, written, see;
+  py::list views;  // ops that made no memory, not yet told to the core (rule 7)
   bool active = false, closed = false;
   bool retry = false;  // a device allocator is followed: an op that runs out of its memory evicts and runs again
   int64_t budget = -1;
@@ -143,7 +148,15 @@ int64_t g_room = -1;
 int g_count_plain = 0;
 std::atomic<int64_t> g_plain_bytes{0};
 bool g_stepping = false;  // inside an optimizer's step(): its updates stay plain (NOTE [ Managed vs constant ] 5)
-int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0;
+int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0, g_queued = 0;
+
+// the queued ops that made no memory, for the next call into the core (rule 7); None when there are none
+py::object take_views() {
+  if (g_py->views.empty()) return py::none();
+  py::list out = g_py->views;
+  g_py->views = py::list();
+  return std::move(out);
+}
 
 // ------------------------------------------------------------------ records
 struct Slot : c10::intrusive_ptr_target {  // one core storage (rules 2 and 6)
@@ -1049,7 +1062,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (evicted || (g_py->budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > g_room) ||
       fresh_consts.size() || writes.size() || g_py->closed) {
     ++g_calls;
-    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes, g_plain_bytes.exchange(0));
+    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes, g_plain_bytes.exchange(0),
+                        take_views());
   }
   // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
   // gets a recipe that replays the write, the old one keeps its own; "copy": the old value, which cannot be
@@ -1202,10 +1216,16 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
-  auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
-                       dead ? take_dead() : py::list(), g_plain_bytes.exchange(0)).cast<py::tuple>();
-  py::list storages = out[0];
-  g_room = out[1].cast<int64_t>();
+  py::list storages;
+  if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead_pending()) {
+    g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
+    ++g_queued;
+  } else {
+    auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
+                         dead ? take_dead() : py::list(), g_plain_bytes.exchange(0), take_views()).cast<py::tuple>();
+    storages = out[0];
+    g_room = out[1].cast<int64_t>();
+  }
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();
     py::object fresh_storage = storages[storages.size() - 1];
@@ -1360,6 +1380,7 @@ void forget() {  // the session is gone
   Lock lock;
   g_py->active = g_py->closed = false;
   g_py->session = g_py->before = g_py->ran = g_py->cost = g_py->written = py::none();
+  g_py->views = py::list();
   g_seen.clear();
 }
 
@@ -1434,7 +1455,7 @@ void fill_bytes(Value& v, const at::Tensor& t) {
 
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
-          {"random_states", g_rng}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
+          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_seen.size())}};
 }
 
@@ -1459,6 +1480,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_stepping", &set_stepping);
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);
+  m.def("take_views", &take_views);
   m.def("set_lend", &set_lend);
   m.def("attach", &attach);
   m.def("attached", &attached);

@@ -41,6 +41,7 @@ class Session:
     def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int,
                  tier: Tier | None = None, device: Any = None) -> None:
         self.ext = ext
+        self.active = False  # managing this thread's ops (enable() to disable()); only then the kernel queues
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True,
@@ -54,12 +55,15 @@ class Session:
 
     # ------------------------------------------------------------------ called by the kernel
     def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
-               writes: list[Storage], plain: int = 0) -> Any:
+               writes: list[Storage], plain: int = 0, views: list | None = None) -> Any:
         """Ahead of an op: drop the handles that died, count new constants, make the inputs resident and lock
         them, decide how the op's in-place write is kept (NOTE [ Native front end ] 5), and reserve ``need``
-        bytes. ``plain``: bytes plain ops made on the device since the last call (NOTE [ Device memory ] 2).
-        Returns the locked storages, and with ``writes`` the way the write is kept."""
+        bytes. ``plain``: bytes plain ops made on the device since the last call (NOTE [ Device memory ] 2);
+        ``views``: the ops the kernel queued since (``queued``). Returns the locked storages, and with ``writes``
+        the way the write is kept."""
         rt = self.rt
+        if views:
+            self.queued(views)
         if plain:
             rt.add_outside(plain)
         for s in dead:
@@ -86,13 +90,15 @@ class Session:
         return (held, mode) if writes else held
 
     def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
-            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage], plain: int = 0
-            ) -> tuple[list[Storage], int]:
+            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage], plain: int = 0,
+            views: list | None = None) -> tuple[list[Storage], int]:
         """After an op: advance the clock, record the recipe, count the new storages (one handle group each);
         ``wrote``: (the storage written in place, how it is kept, the new value's payload). The new version,
         if any, comes last. ``dead``: handle groups that died since the last call (dropped first, as if before
-        the op); ``plain`` as for ``before``."""
+        the op); ``plain`` and ``views`` as for ``before``."""
         rt = self.rt
+        if views:
+            self.queued(views)
         if plain:
             rt.add_outside(plain)
         for s in dead:
@@ -138,6 +144,23 @@ class Session:
             rt.emit("op", None)
         return outs, -1 if budget is None else self._room()
 
+    def queued(self, views: list[tuple[list[Storage], str]]) -> None:
+        """Ops that made no memory, queued by the kernel at no budget (front.cpp, rule 7), told in their order:
+        each touches its inputs and counts, as ``ran`` would have at the time."""
+        rt = self.rt
+        for ins, name in views:
+            rt.ran(ins, 0.0, None, name)
+            if rt.listeners:
+                rt.emit("op", None)
+
+    def flush(self) -> None:
+        """Tell the core what the kernel queued: first thing in every entry into the core but ``before`` and
+        ``ran`` (which are handed the queue). The queue is the running session's (an earlier one has none)."""
+        if self.active:
+            views = self.ext.take_views()
+            if views:
+                self.queued(views)
+
     def _room(self) -> int:
         """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits. With a
         device, none once the core's next query of its allocator is due, so that ``before`` makes it."""
@@ -153,6 +176,7 @@ class Session:
         """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
         was asked for (and 1 MiB), a window of adjacent blocks first where the device knows its layout, never
         the op's inputs ``ins``; False when nothing was left to evict (the kernel re-raises)."""
+        self.flush()
         self.ext.forget_room()
         rt = self.rt
         held = rt.acquire(ins) if ins else []
@@ -165,6 +189,7 @@ class Session:
 
     def stepped(self) -> None:
         """An optimizer's step ended: its plain updates may have allocated (its state, on the first step)."""
+        self.flush()
         self.ext.set_stepping(False)
         if self.dev is not None and self.rt.budget is not None:
             self.rt.sync()
@@ -197,6 +222,7 @@ class Session:
 
     def written(self, keys: list[int], name: str) -> None:
         """A constant that recipes read is about to be written (NOTE [ Changed constants ] 2)."""
+        self.flush()
         rt = self.rt
         ops = [op for k in keys for op in self.readers.pop(k, ()) if op.compute is not None]
         if ops:
@@ -206,6 +232,7 @@ class Session:
                                f".data), so recomputing it would give another value")
 
     def constants_died(self, gone: list[tuple[int, int]]) -> None:
+        self.flush()
         for key, nbytes in gone:
             if self.consts.pop(key, None) is not None:
                 self.rt.remove_constant(nbytes)
@@ -230,6 +257,7 @@ class Session:
 
     def unwrap(self, t: torch.Tensor) -> torch.Tensor:
         """A plain tensor sharing ``t``'s memory; its storage is pinned (never evicted again)."""
+        self.flush()
         s = self.ext.storage_of(t)
         if s is None:
             return t
