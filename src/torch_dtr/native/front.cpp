@@ -147,6 +147,7 @@ int64_t g_room = -1;
 // takes). The device: 0 none, 1 CUDA (its allocator's 512-byte blocks), 2 the CPU (this front end's `Blocks`).
 int g_count_plain = 0;
 std::atomic<int64_t> g_plain_bytes{0};
+int64_t take_plain() { return g_count_plain ? g_plain_bytes.exchange(0) : 0; }
 bool g_stepping = false;  // inside an optimizer's step(): its updates stay plain (NOTE [ Managed vs constant ] 5)
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0, g_queued = 0;
 
@@ -1062,7 +1063,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (evicted || (g_py->budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > g_room) ||
       fresh_consts.size() || writes.size() || g_py->closed) {
     ++g_calls;
-    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes, g_plain_bytes.exchange(0),
+    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes, take_plain(),
                         take_views());
   }
   // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
@@ -1217,12 +1218,12 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
   py::list storages;
-  if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead_pending()) {
+  if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead) {
     g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
     auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
-                         dead ? take_dead() : py::list(), g_plain_bytes.exchange(0), take_views()).cast<py::tuple>();
+                         dead ? take_dead() : py::list(), take_plain(), take_views()).cast<py::tuple>();
     storages = out[0];
     g_room = out[1].cast<int64_t>();
   }

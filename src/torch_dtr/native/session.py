@@ -16,7 +16,7 @@ import torch
 from ..core import Memory, Op, Runtime, Storage, Tier
 from ..core.policies import Policy
 from ..eager.costs import model_cost
-from ..eager.device import MIN_EVICT, Device, OutOfMemory
+from ..eager.device import OutOfMemory
 
 # Recipes that read a constant die with their outputs; the lists of readers are pruned now and then.
 _PRUNE = 64
@@ -50,7 +50,8 @@ class Session:
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
         self.hooked: dict[int, weakref.ref] = {}  # leaves given the plain-gradient hook (by id, checked by identity)
-        # out of memory: a window of adjacent blocks first where the device knows its layout (NOTE [ Device memory ] 4)
+        # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
+        # knows its layout (NOTE [ Device memory ] 4)
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
 
     # ------------------------------------------------------------------ called by the kernel
@@ -181,9 +182,7 @@ class Session:
         rt = self.rt
         held = rt.acquire(ins) if ins else []
         try:
-            if self.evictor is not None:
-                return self.evictor.evict(RuntimeError(message), need)
-            return rt.out_of_memory(max(Device.requested(RuntimeError(message)), need, MIN_EVICT)) > 0
+            return self.evictor.evict(RuntimeError(message), need)  # type: ignore[union-attr]
         finally:
             rt.release(held)
 
