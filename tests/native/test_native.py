@@ -496,3 +496,52 @@ def test_at_no_budget_ops_that_make_no_memory_are_queued_and_the_core_counts_as_
     py = _python_stats()
     torch_dtr.disable()
     assert counts["queued"][1:3] == (py["floor_bytes"], py["peak_bytes"])
+
+
+def test_each_session_removes_its_gradient_hooks_on_disable_and_is_freed_with_no_budget():
+    """Every enable() puts a hook on the parameters it reads (their gradients come back plain); disable() takes
+    it off again. Five sessions in a row leave no hook, no session alive, and the gradients of plain PyTorch."""
+    import weakref
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    lin(x).pow(2).sum().backward()
+    want = lin.weight.grad.clone()
+    sessions = []
+    for _ in range(5):
+        lin.weight.grad = None
+        s = native.enable(None)
+        sessions.append(weakref.ref(s))
+        lin(x).pow(2).sum().backward()
+        assert len(lin.weight._post_accumulate_grad_hooks) == 1  # this session's, while it runs
+        native.disable()
+        assert not native.is_managed(lin.weight.grad)
+        assert torch.equal(lin.weight.grad, want)
+        assert not lin.weight._post_accumulate_grad_hooks
+    del s
+    gc.collect()
+    assert sum(r() is not None for r in sessions) == 1  # the last one: native.current()
+
+
+def test_an_earlier_session_lives_while_a_handle_made_under_it_lives_and_is_let_go_after_its_last_one_dies():
+    import weakref
+
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    want = lin(x).detach()
+    first = native.enable(None)
+    y = lin(x)
+    native.disable()
+    gone = weakref.ref(first)
+    del first
+    native.enable(None)
+    z = (y * 2).sum()  # an earlier session's handle read by this one: a constant here
+    assert torch.equal(z, (want * 2).sum())
+    gc.collect()
+    assert gone() is not None  # y still refers to it
+    assert torch.equal(y, want)
+    del y, z
+    lin(x).sum().backward()  # the next managed op hands the death over to the first session's core
+    gc.collect()
+    assert gone() is None

@@ -227,6 +227,7 @@ def disable() -> None:
     thaw_gc(s.froze)
     for h in s.hooks:
         h.remove()
+    s.unhook()
     s.ext.set_stepping(False)
     s.rt.set_budget(None)
 

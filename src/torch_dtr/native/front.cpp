@@ -125,9 +125,10 @@ std::recursive_mutex g_mutex;
 std::mutex g_dead_mutex;
 // core Storages whose last handle died (strong references), with their session's number
 std::vector<std::pair<int64_t, PyObject*>> g_dead;
-// every session started in this process, by number (kept: handles made under one may outlive it, and their
-// deaths and recomputations are its core's business)
+// every session started in this process, by number (kept while handles made under it live: their deaths and
+// recomputations are its core's business; then let go, once another session has started), and its live buffers
 std::vector<py::object>* g_sessions = new std::vector<py::object>();
+std::vector<int64_t>* g_buffers = new std::vector<int64_t>();  // (under g_mutex and the GIL)
 int64_t g_epoch = -1;  // the current session's number
 bool g_lend = true;     // slots lend their StorageImpl to the handles (rule 6; off: the slot always holds it)
 
@@ -205,7 +206,7 @@ struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule
   SlotPtr slot;
   PyObject* storage;  // the core's Storage (a strong reference)
   int64_t epoch;      // the session whose core keeps it
-  Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st), epoch(g_epoch) {}
+  Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st), epoch(g_epoch) { ++(*g_buffers)[epoch]; }
   ~Buffer() override {
     slot->reclaim();  // (when a handle still holds the StorageImpl; the last holder among them did already)
     std::lock_guard<std::mutex> lock(g_dead_mutex);
@@ -784,8 +785,13 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
   py::list out;
   for (auto& [e, o] : dead) {
     auto st = py::reinterpret_steal<py::object>(o);
-    if (e == g_epoch) out.append(st);
-    else (*g_sessions)[e].attr("dropped")(py::make_tuple(st));
+    const bool last = --(*g_buffers)[e] == 0;
+    if (e == g_epoch) {
+      out.append(st);
+      continue;
+    }
+    (*g_sessions)[e].attr("dropped")(py::make_tuple(st));
+    if (last) (*g_sessions)[e] = py::none();  // its last handle died: nothing refers to that session any more
   }
   return out;
 }
@@ -1357,7 +1363,10 @@ namespace {
 
 void start(py::object session, int64_t budget) {
   Lock lock;
+  for (size_t e = 0; e < g_sessions->size(); ++e)  // earlier sessions no handle refers to any more
+    if (!(*g_buffers)[e]) (*g_sessions)[e] = py::none();
   g_sessions->push_back(session);
+  g_buffers->push_back(0);
   g_epoch = static_cast<int64_t>(g_sessions->size()) - 1;
   g_py->session = session;
   g_py->before = session.attr("before");

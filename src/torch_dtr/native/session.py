@@ -49,7 +49,9 @@ class Session:
         self.readers: dict[int, list[Op]] = {}  # a constant's StorageImpl address -> recipes that read it
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
-        self.hooked: dict[int, weakref.ref] = {}  # leaves given the plain-gradient hook (by id, checked by identity)
+        # leaves given the plain-gradient hook (by id, checked by identity), with the hook's handle: disable()
+        # removes them (``unhook``), or every session would leave a hook (and itself) on every parameter
+        self.hooked: dict[int, tuple[weakref.ref, Any]] = {}
         # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
         # knows its layout (NOTE [ Device memory ] 4)
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
@@ -243,15 +245,22 @@ class Session:
             self.rt.add_constant(nbytes, where)
             self.consts[key] = nbytes
         seen = self.hooked.get(id(t))
-        if t.requires_grad and t.is_leaf and (seen is None or seen() is not t):  # (an id is reused after a death)
+        if t.requires_grad and t.is_leaf and (seen is None or seen[0]() is not t):  # (an id is reused after a death)
             # gradients accumulated into a plain leaf come back plain (NOTE [ Managed vs constant ] 4)
-            self.hooked[id(t)] = weakref.ref(t)
-            t.register_post_accumulate_grad_hook(self._plain_grad)
+            self.hooked[id(t)] = (weakref.ref(t), t.register_post_accumulate_grad_hook(self._plain_grad))
+
+    def unhook(self) -> None:
+        """Remove the plain-gradient hooks this session put on leaves (disable()); a gradient accumulated after
+        that stays as the kernel made it, as under the Python front end."""
+        for wr, handle in self.hooked.values():
+            if wr() is not None:
+                handle.remove()
+        self.hooked.clear()
 
     def _plain_grad(self, p: torch.Tensor) -> None:
         g = p.grad
         if g is not None and self.ext.is_managed(g):
-            # the session whose core keeps the gradient (a leaf keeps the hooks of every session that saw it)
+            # the session whose core keeps the gradient (one of an earlier session, read by this one's step)
             p.grad = self.ext.session_of(g).unwrap(g)
 
     def unwrap(self, t: torch.Tensor) -> torch.Tensor:
