@@ -4,7 +4,7 @@
 
 # NOTE [ Compiled core ]
 #
-# 1. What: mypyc compiles the core's typed Python (records, memory, trackers, policies, swap, runtime) into C
+# 1. What: mypyc compiles the core's typed Python (records, memory, trackers, policies, swap, runtime, feed) into C
 #    extension modules; errors.py stays interpreted (exceptions). One definition of every rule: the compiled
 #    modules are built from these very files, so the simulator's outcomes cannot drift
 #    (``benchmarks/sim_digest.py`` writes byte-identical files with either; tests/core/test_compiled_core.py).
@@ -33,7 +33,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-MODULES = ("records", "memory", "trackers", "policies", "swap", "runtime")
+MODULES = ("records", "memory", "trackers", "policies", "swap", "runtime", "feed")
 HERE = Path(__file__).resolve().parent
 _SUFFIXES = (".so", ".pyd")
 

@@ -10,7 +10,7 @@
 // 2. A core storage is a Slot: the StorageImpl that its handles share. Eviction nulls the StorageImpl's data
 //    (the handles stay valid); recomputation moves the new data into the same StorageImpl, so every handle,
 //    view and tensor saved by autograd sees it again. The core's payload for a storage is a Value (a Slot
-//    reference); the core's Memory.free tells the slot to drop its data (session.py, NativeMemory).
+//    reference); the core's Memory.free tells the slot to drop its data (core/feed.py, DroppingMemory).
 // 3. The handles of one storage share a Buffer, which holds the core's Storage object; when the last handle
 //    dies, the Buffer queues that object, and the next call into the core drops its reference (drop_ref).
 // 4. Locking: the GIL, then g_mutex (released while waiting, so that a thread holding the GIL never waits for
@@ -42,6 +42,7 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <unordered_map>
 
 namespace {
@@ -56,7 +57,16 @@ constexpr size_t kQuantum = 16, kLargest = 512, kSlab = size_t{1} << 16;
 struct Free {
   Free* next;
 };
-std::mutex g_lock;
+// a spin lock: the critical sections are a few instructions, taken about twenty times per managed op, where a
+// pthread mutex's lock and unlock calls cost more than the work (handles may die on any thread, so one is needed)
+struct Spin {
+  std::atomic_flag flag = ATOMIC_FLAG_INIT;
+  void lock() {
+    while (flag.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  void unlock() { flag.clear(std::memory_order_release); }
+};
+Spin g_lock;
 Free* g_heads[kLargest / kQuantum + 1] = {};
 
 inline size_t size_class(size_t n) { return (n + kQuantum - 1) / kQuantum; }
@@ -64,7 +74,7 @@ inline size_t size_class(size_t n) { return (n + kQuantum - 1) / kQuantum; }
 void* take(size_t n) {
   if (n > kLargest) return ::operator new(n);
   const size_t c = size_class(n ? n : 1);
-  std::lock_guard<std::mutex> g(g_lock);
+  std::lock_guard<Spin> g(g_lock);
   Free*& head = g_heads[c];
   if (!head) {
     void* slab = mmap(nullptr, kSlab, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -88,7 +98,7 @@ void give(void* p, size_t n) {
     return;
   }
   auto* f = static_cast<Free*>(p);
-  std::lock_guard<std::mutex> g(g_lock);
+  std::lock_guard<Spin> g(g_lock);
   Free*& head = g_heads[size_class(n ? n : 1)];
   f->next = head;
   head = f;
@@ -125,6 +135,7 @@ std::recursive_mutex g_mutex;
 std::mutex g_dead_mutex;
 // core Storages whose last handle died (strong references), with their session's number
 std::vector<std::pair<int64_t, PyObject*>> g_dead;
+std::atomic<bool> g_dead_any{false};  // g_dead is not empty (read per op without the mutex)
 // every session started in this process, by number (kept while handles made under it live: their deaths and
 // recomputations are its core's business; then let go, once another session has started), and its live buffers
 std::vector<py::object>* g_sessions = new std::vector<py::object>();
@@ -211,6 +222,7 @@ struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule
     slot->reclaim();  // (when a handle still holds the StorageImpl; the last holder among them did already)
     std::lock_guard<std::mutex> lock(g_dead_mutex);
     g_dead.emplace_back(epoch, storage);
+    g_dead_any.store(true, std::memory_order_release);
   }
 };
 
@@ -781,6 +793,7 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
   {
     std::lock_guard<std::mutex> lock(g_dead_mutex);
     dead.swap(g_dead);
+    g_dead_any.store(false, std::memory_order_relaxed);
   }
   py::list out;
   for (auto& [e, o] : dead) {
@@ -796,10 +809,7 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
   return out;
 }
 
-bool dead_pending() {
-  std::lock_guard<std::mutex> lock(g_dead_mutex);
-  return !g_dead.empty();
-}
+bool dead_pending() { return g_dead_any.load(std::memory_order_acquire); }
 
 py::list swept_constants() {  // constants whose last tensor died since the last sweep: their bytes
   py::list gone;

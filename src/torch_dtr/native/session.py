@@ -3,7 +3,8 @@
 Every decision is the core's (``torch_dtr.core.Runtime``, the one the simulator drives): this module only
 translates. The kernel (front.cpp) calls ``before`` ahead of an op when the op needs the core first (an
 evicted input, a budget to reserve against, handle deaths to drop, new constants, a managed input it writes),
-and ``ran`` after it. NOTE [ Native front end ] in ``__init__.py``.
+and ``ran`` after it: both are the core's ``Feed`` (NOTE [ Feed ] in core/feed.py); the rest of the kernel's calls
+are here. NOTE [ Native front end ] in ``__init__.py``.
 """
 
 from __future__ import annotations
@@ -13,26 +14,11 @@ from typing import Any
 
 import torch
 
-from ..core import Memory, Op, Runtime, Storage, Tier
+from ..core import Op, Runtime, Storage, Tier
+from ..core.feed import DroppingMemory, Feed
 from ..core.policies import Policy
 from ..eager.costs import model_cost
 from ..eager.device import OutOfMemory
-
-# Recipes that read a constant die with their outputs; the lists of readers are pruned now and then.
-_PRUNE = 64
-
-
-class NativeMemory(Memory):
-    """The core's byte count, which also frees a storage's data when the core stops counting it (evicted or
-    released): the handles keep the StorageImpl, without data (NOTE [ Native front end ] 2)."""
-
-    __slots__ = ()
-
-    def free(self, s: Storage) -> None:
-        super().free(s)
-        p = s.payload
-        if p is not None:
-            p.drop()
 
 
 class Session:
@@ -44,9 +30,12 @@ class Session:
         self.active = False  # managing this thread's ops (enable() to disable()); only then the kernel queues
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
-        self.rt = Runtime(budget, policy, memory=NativeMemory(), banish_depth=banish_depth, lazy_tracking=True,
+        self.rt = Runtime(budget, policy, memory=DroppingMemory(), banish_depth=banish_depth, lazy_tracking=True,
                           tier=tier, device_usage=None if device is None else device.usage)
-        self.readers: dict[int, list[Op]] = {}  # a constant's StorageImpl address -> recipes that read it
+        self.feed = feed = Feed(self.rt, device is not None)
+        feed.see = self._see
+        self.before, self.ran, self.queued = feed.before, feed.ran, feed.queued  # the kernel's per-op calls
+        self.readers: dict[int, list[Op]] = feed.readers  # a constant's StorageImpl address -> recipes that read it
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
         # leaves given the plain-gradient hook (by id, checked by identity), with the hook's handle: disable()
@@ -57,104 +46,8 @@ class Session:
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
 
     # ------------------------------------------------------------------ called by the kernel
-    def before(self, ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[tuple],
-               writes: list[Storage], plain: int = 0, views: list | None = None) -> Any:
-        """Ahead of an op: drop the handles that died, count new constants, make the inputs resident and lock
-        them, decide how the op's in-place write is kept (NOTE [ Native front end ] 5), and reserve ``need``
-        bytes. ``plain``: bytes plain ops made on the device since the last call (NOTE [ Device memory ] 2);
-        ``views``: the ops the kernel queued since (``queued``). Returns the locked storages, and with ``writes``
-        the way the write is kept."""
-        rt = self.rt
-        if views:
-            self.queued(views)
-        if plain:
-            rt.add_outside(plain)
-        for s in dead:
-            rt.drop_ref(s)
-        for t, key, nbytes in consts:
-            self._see(t, key, nbytes, name)
-        held = rt.acquire(ins) if ins else []
-        mode = ""
-        try:
-            if len(writes) == 1:  # as eager/front.py: a new version, or a copy when the old value cannot be
-                s = writes[0]     # recomputed but recipes read it (NOTE [ In-place mutation ] 1-3)
-                mode = "version" if s.recomputable else "copy" if s.deps else "plain"
-                if mode == "copy":
-                    need += s.nbytes
-            elif writes:
-                mode = "pin"
-                for s in writes:
-                    self._overwritten(s, name)
-            if rt.budget is not None:
-                rt.reserve(need, name)
-        except BaseException:
-            rt.release(held)
-            raise
-        return (held, mode) if writes else held
-
-    def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
-            held: list[Storage] | None, read: list[int], wrote: tuple | None, dead: list[Storage], plain: int = 0,
-            views: list | None = None) -> tuple[list[Storage], int]:
-        """After an op: advance the clock, record the recipe, count the new storages (one handle group each);
-        ``wrote``: (the storage written in place, how it is kept, the new value's payload). The new version,
-        if any, comes last. ``dead``: handle groups that died since the last call (dropped first, as if before
-        the op); ``plain`` and ``views`` as for ``before``."""
-        rt = self.rt
-        if views:
-            self.queued(views)
-        if plain:
-            rt.add_outside(plain)
-        for s in dead:
-            rt.drop_ref(s)
-        try:
-            mode = wrote[1] if wrote is not None else ""
-            if mode == "plain" and wrote[0].host is not None:  # type: ignore[index]
-                rt.overwritten(wrote[0])  # type: ignore[index]  # its copy in the host tier is stale now
-            if not nbytes and mode not in ("version", "copy"):  # views, plain writes: no clock advance
-                rt.ran(ins, 0.0, None, name)
-                return [], self._room()
-            old = wrote[0] if wrote is not None else None
-            op = rt.ran(ins, cost, recipe, name, (old,) if mode == "version" else ())
-            outs = []
-            output = rt.output
-            for n, v in zip(nbytes, values, strict=True):
-                s = output(op, n, v)
-                s.refs = 1
-                outs.append(s)
-            if mode == "version":  # the new value takes over the buffer (and the handles); the old one is evicted
-                new = rt.new_version(old, op)
-                new.payload = wrote[2]
-                outs.append(new)
-            elif mode == "copy":  # the old value stays resident in its copy
-                outs.append(rt.new_version(old, op, wrote[2]))
-            if op is not None and read:
-                readers = self.readers
-                for key in read:
-                    lst = readers.get(key)
-                    if lst is None:
-                        readers[key] = [op]
-                    else:
-                        lst.append(op)
-                        if len(lst) > _PRUNE and len(lst) & (len(lst) - 1) == 0:  # at powers of two
-                            lst[:] = [o for o in lst if o.compute is not None]
-        finally:
-            if held:
-                rt.release(held)
-        budget = rt.budget
-        if budget is not None and rt.memory.tracked + rt.memory.outside > budget:  # a prediction fell short
-            rt.reserve(0, name)
-        if rt.listeners:
-            rt.emit("op", None)
-        return outs, -1 if budget is None else self._room()
-
-    def queued(self, views: list[tuple[list[Storage], str]]) -> None:
-        """Ops that made no memory, queued by the kernel at no budget (front.cpp, rule 7), told in their order:
-        each touches its inputs and counts, as ``ran`` would have at the time."""
-        rt = self.rt
-        for ins, name in views:
-            rt.ran(ins, 0.0, None, name)
-            if rt.listeners:
-                rt.emit("op", None)
+    # ``before``, ``ran`` and ``queued`` are the core's Feed (NOTE [ Feed ]): bound in __init__, so that the kernel
+    # calls it directly (compiled with the compiled core)
 
     def flush(self) -> None:
         """Tell the core what the kernel queued: first thing in every entry into the core but ``before`` and
@@ -163,17 +56,6 @@ class Session:
             views = self.ext.take_views()
             if views:
                 self.queued(views)
-
-    def _room(self) -> int:
-        """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits. With a
-        device, none once the core's next query of its allocator is due, so that ``before`` makes it."""
-        rt = self.rt
-        if rt.budget is None:
-            return -1
-        if self.dev is not None and rt.sync_due:
-            return 0
-        mem = rt.memory
-        return rt.budget - rt.headroom - mem.tracked - mem.outside
 
     def oom(self, message: str, need: int, ins: list[Storage]) -> bool:
         """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
@@ -224,13 +106,8 @@ class Session:
     def written(self, keys: list[int], name: str) -> None:
         """A constant that recipes read is about to be written (NOTE [ Changed constants ] 2)."""
         self.flush()
-        rt = self.rt
-        ops = [op for k in keys for op in self.readers.pop(k, ()) if op.compute is not None]
-        if ops:
-            self.ext.forget_room()  # bringing values back takes room
-            rt.rescue(ops)
-            rt.invalidate(ops, f"{name} wrote a constant it was computed from (an optimizer step, a write through "
-                               f".data), so recomputing it would give another value")
+        if self.feed.written(keys, name):
+            self.ext.forget_room()  # values brought back took room
 
     def constants_died(self, gone: list[tuple[int, int]]) -> None:
         self.flush()
@@ -275,12 +152,3 @@ class Session:
             rt.rematerialize(s)
         rt.pin(s)
         return self.ext.plain(t)
-
-    def _overwritten(self, s: Storage, name: str) -> None:
-        """``s`` is about to be written in place: its readers' recipes and its own can no longer run."""
-        rt = self.rt
-        ops = [op for op in s.children if op.compute is not None]
-        if ops:
-            rt.rescue(ops)
-            rt.invalidate(ops, f"{name} wrote in place a value it was computed from")
-        rt.pin(s)
