@@ -545,3 +545,24 @@ def test_an_earlier_session_lives_while_a_handle_made_under_it_lives_and_is_let_
     lin(x).sum().backward()  # the next managed op hands the death over to the first session's core
     gc.collect()
     assert gone() is None
+
+
+def test_a_budget_error_under_the_native_front_end_suggests_its_own_calls():
+    """At 10% of the MLP's peak the BudgetError names native.enable and native.set_budget (not the Python front
+    end's calls), with a budget above what it says the op needs."""
+    import re
+
+    m, loss = _mlp_dropout()
+    native.enable(None)
+    loss().backward()
+    peak = native.stats()["peak_bytes"]
+    native.disable()
+    native.enable(peak // 10)
+    with pytest.raises(torch_dtr.BudgetError) as err:
+        loss().backward()
+    msg = str(err.value)
+    assert "torch_dtr.native.enable(budget=" in msg and "torch_dtr.native.set_budget(" in msg
+    assert "torch_dtr.enable(" not in msg
+    n = int(re.search(r"native\.enable\(budget=(\d+)\)", msg).group(1))
+    needed = int(re.search(r"a budget of at least [^(]+\((\d+) B\)", msg).group(1))
+    assert n >= needed > peak // 10

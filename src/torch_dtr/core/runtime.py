@@ -237,11 +237,14 @@ class Stats:
     host_peak_bytes: int = 0
 
 
-def _suggest(need: float) -> str:
+# how a BudgetError says to raise the budget (``Runtime.fix``: a front end puts its own calls there; {n}: bytes)
+FIX = "torch_dtr.enable(budget={n}), or `with torch_dtr.budget({n}):` for a scope inside a running session"
+
+
+def _suggest(need: float, fix: str = FIX) -> str:
     """The fix a ``BudgetError`` suggests: a budget 10% above ``need`` (never below the floor it quotes)."""
     n = math.ceil(need * 1.1)
-    return (f"Raise the budget, e.g. to {fmt_bytes(n)}: torch_dtr.enable(budget={n}), or "
-            f"`with torch_dtr.budget({n}):` for a scope inside a running session.")
+    return f"Raise the budget, e.g. to {fmt_bytes(n)}: {fix.format(n=n)}."
 
 
 def _sid(s: Storage) -> int:
@@ -329,6 +332,7 @@ class Runtime:
         if budget is not None and budget < 0:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
+        self.fix = FIX  # the calls a BudgetError suggests (the native front end names its own)
         self.remat = remat  # how evicted ancestors are brought back (rematerialize)
         self.banish_depth = banish_depth  # NOTE [ Banishing ]; 0 (the default): never
         self.banished = 0  # recipes dropped by banishing
@@ -1013,7 +1017,7 @@ class Runtime:
             f"{fmt_bytes(mem.tracked - mem.constants - locked)}{outside}) and {where or 'the op'} needs "
             f"{fmt_bytes(nbytes)} more; "
             f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here.{floor} "
-            f"{_suggest(max(need, self.floor))}"
+            f"{_suggest(max(need, self.floor), self.fix)}"
         )
 
     def _raise_undone(self, roots: Sequence[Storage], ran: int, planned: int) -> None:
@@ -1024,7 +1028,7 @@ class Runtime:
             f"than the budget while it holds its values, and without holding them the policy evicted them again "
             f"before their readers ran ({ran} recomputations, then it gave up; constants "
             f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). "
-            f"{_suggest(max(self.budget or 0, self.floor) * 1.15)}")
+            f"{_suggest(max(self.budget or 0, self.floor) * 1.15, self.fix)}")
 
     def track(self) -> None:
         """Start the policy's tracker now (NOTE [ Lazy tracking ]): tell it every evicted storage, oldest first.

@@ -32,6 +32,7 @@ class Session:
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=DroppingMemory(), banish_depth=banish_depth, lazy_tracking=True,
                           tier=tier, device_usage=None if device is None else device.usage)
+        self.rt.fix = "torch_dtr.native.enable(budget={n}), or torch_dtr.native.set_budget({n}) while it runs"
         self.feed = feed = Feed(self.rt, device is not None)
         feed.see = self._see
         self.before, self.ran, self.queued = feed.before, feed.ran, feed.queued  # the kernel's per-op calls
