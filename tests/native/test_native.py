@@ -566,3 +566,27 @@ def test_a_budget_error_under_the_native_front_end_suggests_its_own_calls():
     n = int(re.search(r"native\.enable\(budget=(\d+)\)", msg).group(1))
     needed = int(re.search(r"a budget of at least [^(]+\((\d+) B\)", msg).group(1))
     assert n >= needed > peak // 10
+
+
+def test_a_failed_step_leaves_nothing_counted_once_its_tensors_died():
+    """A forward that raises halfway: once Python let go of its tensors, stats() counts none of its values
+    (their deaths are told to the core there, not only at the next managed op), and their memory is freed."""
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()) for _ in range(6)])
+    x = torch.randn(32, 64)
+    native.enable(None)
+    m(x).sum().backward()  # the constants are counted from here on
+    m.zero_grad(set_to_none=True)
+    gc.collect()
+    base = native.stats()
+
+    def fails():
+        h = m[:4](x)
+        assert native.stats()["live_storages"] > base["live_storages"]
+        raise ValueError(h.shape)
+
+    with pytest.raises(ValueError):
+        fails()
+    gc.collect()
+    st = native.stats()
+    assert st["live_storages"] == base["live_storages"]
+    assert st["resident_bytes"] == base["resident_bytes"]

@@ -809,6 +809,11 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
   return out;
 }
 
+py::list take_dead_locked() {  // for the session's own entries (flush): the deaths since the kernel's last call
+  Lock lock;
+  return take_dead();
+}
+
 bool dead_pending() { return g_dead_any.load(std::memory_order_acquire); }
 
 py::list swept_constants() {  // constants whose last tensor died since the last sweep: their bytes
@@ -1501,6 +1506,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);
   m.def("take_views", &take_views);
+  m.def("take_dead", &take_dead_locked);
   m.def("set_lend", &set_lend);
   m.def("attach", &attach);
   m.def("attached", &attached);

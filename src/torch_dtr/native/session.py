@@ -51,12 +51,15 @@ class Session:
     # calls it directly (compiled with the compiled core)
 
     def flush(self) -> None:
-        """Tell the core what the kernel queued: first thing in every entry into the core but ``before`` and
-        ``ran`` (which are handed the queue). The queue is the running session's (an earlier one has none)."""
+        """Tell the core what the kernel queued and which handles died since its last call, as ``before`` and
+        ``ran`` are told: first thing in every other entry into the core (``stats()`` then counts what a failed
+        step left behind as gone). The queue is the running session's (an earlier one has none)."""
         if self.active:
             views = self.ext.take_views()
             if views:
                 self.queued(views)
+            for s in self.ext.take_dead():
+                self.rt.drop_ref(s)
 
     def oom(self, message: str, need: int, ins: list[Storage]) -> bool:
         """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
