@@ -1157,8 +1157,15 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   };
   std::vector<Fresh> fresh;
   py::list nbytes, values;
+  // an output without a strided storage of its own (sparse, nested) may hold managed inputs inside it (a sparse
+  // gradient's values), where no op on it can see them: those inputs are pinned (never evicted) after the op
+  bool escaped = false;
   auto classify = [&](const at::Tensor& t, size_t k, int64_t elem) {
-    if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return;
+    if (!t.defined()) return;
+    if (!t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) {
+      escaped = true;
+      return;
+    }
     const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
     for (auto& b : handles)
       if (b->slot->impl == si) return;  // a view or the input itself
@@ -1239,7 +1246,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
   py::list storages;
-  if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead) {
+  if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead && !escaped) {
     g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
@@ -1247,6 +1254,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
                          dead ? take_dead() : py::list(), take_plain(), take_views()).cast<py::tuple>();
     storages = out[0];
     g_room = out[1].cast<int64_t>();
+    if (escaped && ins.size()) g_py->session.attr("pin")(ins);
   }
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();

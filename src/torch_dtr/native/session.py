@@ -82,6 +82,16 @@ class Session:
             self.rt.sync()
             self.ext.forget_room()
 
+    def pin(self, storages: list[Storage]) -> None:
+        """An op returned a tensor without a strided storage (sparse, nested) that may hold these inside it, where
+        no op on it can see them: never evict them (front.cpp, ``escaped``)."""
+        rt = self.rt
+        self.ext.forget_room()
+        for s in storages:
+            if not s.resident:  # (evicted since the op ran, by a reservation its outputs' sizes made)
+                rt.rematerialize(s)
+            rt.pin(s)
+
     def release(self, held: list[Storage]) -> None:
         self.rt.release(held)
 
