@@ -13,9 +13,11 @@
 #    and caches per call signature what eager/front.py computes per op (output sizes, modelled costs).
 # 2. One definition of every rule: the kernel asks the core (``torch_dtr.core.Runtime``, the one the simulator
 #    drives) everything it decides: which storage to evict, when one is freed for good, how an evicted value
-#    comes back. It calls ``Session.ran`` after each managed op, and ``Session.before`` ahead of one when the
-#    core has something to do first (an evicted input, a budget to reserve against, handle deaths, new
-#    constants). The core's per-op work in Python is what this front end still costs (docs/native.md).
+#    comes back. It calls ``ran`` after each managed op, and ``before`` ahead of one when the core has
+#    something to do first (an evicted input, a budget to reserve against, handle deaths, new constants): both
+#    are the core's ``Feed`` (NOTE [ Feed ] in core/feed.py), bound on the session, so that the compiled core
+#    compiles them too. The crossing into Python and the core's per-op work are what this front end still
+#    costs (docs/native.md).
 # 3. Handles: a managed tensor is an ordinary tensor of its device whose dispatch keys also hold the
 #    PrivateUse1 backend bit (front.cpp, rule 1). While enabled, the thread's dispatch state includes that bit,
 #    so plain ops reach the kernel too, which manages them by eager/front.py's rules (NOTE [ Managed vs
@@ -25,7 +27,8 @@
 # 4. Constants (plain tensors that managed ops read: parameters, inputs) are counted per storage while a tensor
 #    seen on it lives, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
 #    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
-#    In-place writes keep versions as NOTE [ In-place mutation ] says.
+#    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
+#    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
 # 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one
 #    (theirs run plain unless they read managed tensors), torch.compile regions and torch.func transforms (not
 #    told apart), learned sizes (meta kernels only); an op that writes more than one managed value pins them.
@@ -68,11 +71,16 @@
 #    The bench's LSTM loop with the host tier: 1.59x -> 1.27x plain at 50% of its peak (docs/swap-live.md).
 # 10. Queued ops (front.cpp, rule 7): with no budget, an op that makes no memory (views, ``detach``, ``t``: half
 #    the calls into the core on the bench's GPT-2) only touches its inputs' staleness and counts; the kernel
-#    queues it instead of calling ``Session.ran``, and hands the queue over with the next call (``before``,
-#    ``ran``), or the session takes it (``Session.flush``) first in every other entry into the core: the out-of-
-#    memory retry, an optimizer's step, a written constant, a constant's death, an unwrapped gradient, ``stats``,
-#    ``set_budget``, ``disable``. The core sees the same events in the same order. 3.1 -> 2.5 us per ``t()``
-#    here. Under a budget every op is told at once (its staleness feeds the next eviction).
+#    queues it instead of calling ``ran``, and hands the queue over with the next call (``before``, ``ran``),
+#    or the session takes it (``Session.flush``, with the handles that died since) first in every other entry
+#    into the core: the out-of-memory retry, an optimizer's step, a written constant, a constant's death, an
+#    unwrapped gradient, ``stats``, ``set_budget``, ``disable``. The core sees the same events in the same order.
+#    3.1 -> 2.5 us per ``t()`` here. Under a budget every op is told at once (its staleness feeds the next
+#    eviction).
+# 11. Escaped values: an op whose output has no strided storage of its own (a sparse gradient built from managed
+#    values, a nested tensor) may hold managed inputs inside it, where the ops that read it (an optimizer's plain
+#    ``add_``) never reach the kernel with them: its managed inputs are pinned (``Session.pin``), never evicted.
+#    Before, a sparse embedding's gradient could be evicted under a budget and read unallocated.
 """
 
 from __future__ import annotations
