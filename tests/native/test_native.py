@@ -641,3 +641,47 @@ def test_sparse_gradients_of_managed_values_never_read_evicted_data(width, depth
         trained.append(st["evictions"])
     if depth:
         assert len(trained) == len(fracs) and all(trained), trained
+
+
+def test_memory_handed_out_of_pytorch_is_brought_back_and_pinned_first():
+    """numpy(), np.from_dlpack, torch.save, copy.deepcopy and tolist() read a tensor's memory without an aten op
+    (NOTE [ Native exports ]): on a managed value each brings it back first (and pins it, but for tolist). At 70%
+    of the MLP's peak: a numpy view and a DLPack view taken early stay equal to plain PyTorch's values while
+    later layers evict, and three values the budget evicted save, copy and list as plain's (before: the numpy
+    view changed under the reader, and tolist() raised PyTorch's "unallocated storage" error)."""
+    import copy
+    import io
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(8)])
+    x = torch.randn(2048, 256)
+
+    def prog():
+        with torch.no_grad():  # leaves, so that deepcopy takes them
+            first, second, third = m[:1](x), m[:1](x) * 2, m[:1](x) * 3
+        arr = m[:2](x).detach().numpy()
+        dl = np.from_dlpack(m[:3](x).detach())
+        kept = (arr.copy(), dl.copy())
+        m(x).sum().backward()  # pressure: evicts
+        buf = io.BytesIO()
+        out = [t for t in (first, second, third) if native.is_managed(t) and not native.load().storage_of(t).resident]
+        torch.save(first, buf)  # each read of an evicted value, without an op first
+        copied = copy.deepcopy(second)
+        listed = third.tolist()
+        buf.seek(0)
+        return arr, dl, kept, (torch.load(buf), copied, listed), len(out) == 3
+
+    want = prog()
+    native.enable(None)
+    prog()
+    peak = native.stats()["peak_bytes"]
+    native.disable()
+    m.zero_grad()
+    native.enable(int(peak * 0.7))
+    arr, dl, kept, saved, evicted = prog()
+    assert native.stats()["evictions"] > 0 and evicted
+    assert np.array_equal(arr, kept[0]) and np.array_equal(dl, kept[1])
+    assert np.array_equal(arr, want[0]) and np.array_equal(dl, want[1])
+    assert torch.equal(saved[0], want[3][0]) and torch.equal(saved[1], want[3][1]) and saved[2] == want[3][2]

@@ -32,9 +32,9 @@
 # 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one
 #    (theirs run plain unless they read managed tensors), torch.compile regions and torch.func transforms (not
 #    told apart), learned sizes (meta kernels only); an op that writes more than one managed value pins them.
-#    An evicted value read without an op sees no data: ``t.tolist()`` raises PyTorch's "unallocated storage"
-#    error and ``t.data_ptr()`` is 0 (any op, even ``t.detach()``, brings it back first); the Python front end's
-#    wrapper tensors refuse those reads.
+#    Reads without an op (``numpy()``, DLPack, ``untyped_storage()``, ``data_ptr()``, ``tolist()``) bring the
+#    value back first, and pin it where the memory leaves PyTorch (NOTE [ Native exports ]); a C++ extension
+#    that reads ``data_ptr<T>()`` itself is not seen.
 # 6. The host tier (``enable(swap=True)``; NOTE [ Swapping ], NOTE [ Host copies ]): the core chooses, as with
 #    the Python front end, and its tier (native/swap.py) moves a victim's bytes out of its slot into a plain
 #    tensor (``Value.take``), copies them to host memory as the Python front end's tier does, and copies them back
@@ -164,6 +164,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     from ..eager.api import freeze_gc
     from ..eager.front import DEFAULT_BANISH_DEPTH
     from ..eager.swap import banish_default, tier_options
+    from .exports import guard_storage
+    from .exports import install as install_exports
     from .session import Session
     from .swap import NativeTier
 
@@ -212,6 +214,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     ext.set_retry(device is not None)  # rule 8
     ext.set_count_plain(0 if device is None else 1 if cuda else 2)  # rule 8: plain ops' outputs on the device
     ext.set_lend(bool(grads_in_place))  # rule 9
+    install_exports(ext)  # NOTE [ Native exports ]
+    guard_storage(ext, True)
     ext.attach(True)
     return s
 
@@ -220,6 +224,7 @@ def disable() -> None:
     """Stop managing new ops. Managed tensors the program still holds stay readable (evicted ones are
     recomputed without a budget)."""
     from ..eager.api import thaw_gc
+    from .exports import guard_storage
 
     s = _SESSION
     if s is None or not s.active:
@@ -227,6 +232,7 @@ def disable() -> None:
     s.flush()  # what the kernel queued (front.cpp, rule 7)
     s.active = False
     s.ext.attach(False)
+    guard_storage(s.ext, False)
     s.ext.set_retry(False)
     s.ext.set_count_plain(0)
     s.ext.set_lend(True)

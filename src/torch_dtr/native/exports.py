@@ -1,0 +1,75 @@
+"""Reads that take a managed tensor's memory out of PyTorch's sight: numpy, DLPack, storage objects, addresses.
+
+# NOTE [ Native exports ]
+#
+# 1. The kernel sees every aten op, but not the reads that hand a tensor's memory to someone else: ``numpy()``
+#    (and ``__array__``, which calls it), ``__dlpack__`` and ``torch.utils.dlpack.to_dlpack`` (``np.from_dlpack``,
+#    JAX, CuPy), ``untyped_storage()`` and ``_typed_storage()`` (``torch.save``, ``copy.deepcopy``), ``data_ptr()``
+#    and ``tolist()``.
+#    Such a read of an evicted value finds no data, and a value evicted after the read leaves the reader with
+#    freed memory: a numpy view of an activation went silently wrong once the budget evicted it.
+# 2. On a managed tensor each of them first brings the value back and pins it (``Session.unwrap``: never
+#    evicted again while held, as the Python front end's ``DTRTensor.numpy`` does), then reads as PyTorch
+#    would (its own errors, such as ``numpy()`` on a tensor that requires grad, unchanged); ``tolist()``, a copy,
+#    only brings it back (through ``detach``, an op) and does not pin it. Installed on the
+#    first ``enable()`` and kept (managed tensors outlive their session); other tensors pay one
+#    ``is_managed`` check. The storage reads only while a session is enabled: the Python front end reads them
+#    several times per op, and after ``disable()`` nothing is evicted any more.
+# 3. Not covered: a C++ extension that takes a tensor through pybind and reads ``data_ptr<T>()`` itself (no
+#    dispatcher, no Python): call ``t.data_ptr()`` on it first (which pins it), or keep such values plain.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.utils.dlpack
+
+_INSTALLED: dict[str, Any] = {}  # what was replaced: (owner, name) -> the original
+
+
+def _pin(ext: Any, t: Any) -> None:
+    if isinstance(t, torch.Tensor) and ext.is_managed(t):
+        ext.session_of(t).unwrap(t)
+
+
+def _guarded(ext: Any, orig: Any) -> Any:
+    @functools.wraps(orig)
+    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _pin(ext, self)
+        return orig(self, *args, **kwargs)
+
+    return read
+
+
+def install(ext: Any) -> None:
+    """Guard numpy, DLPack, ``data_ptr`` and ``tolist`` (rule 2); idempotent."""
+    if "numpy" in _INSTALLED:
+        return
+    for name in ("numpy", "__dlpack__", "data_ptr"):
+        orig = getattr(torch.Tensor, name)
+        _INSTALLED[name] = orig
+        setattr(torch.Tensor, name, _guarded(ext, orig))
+    orig = torch.utils.dlpack.to_dlpack
+    _INSTALLED["to_dlpack"] = orig
+    torch.utils.dlpack.to_dlpack = _guarded(ext, orig)
+    tolist = _INSTALLED["tolist"] = torch.Tensor.tolist
+
+    @functools.wraps(tolist)
+    def copied(self: Any) -> Any:  # a copy: brought back by an op (``detach``) for the read, not pinned
+        return tolist(self.detach() if ext.is_managed(self) else self)
+
+    torch.Tensor.tolist = copied  # type: ignore[method-assign]
+
+
+def guard_storage(ext: Any, on: bool) -> None:
+    """``untyped_storage()`` and ``_typed_storage()`` (``copy.deepcopy``, ``torch.save``) guarded while a session
+    is enabled (rule 2)."""
+    for name in ("untyped_storage", "_typed_storage"):
+        if on and name not in _INSTALLED:
+            orig = _INSTALLED[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, _guarded(ext, orig))
+        elif not on and name in _INSTALLED:
+            setattr(torch.Tensor, name, _INSTALLED.pop(name))
