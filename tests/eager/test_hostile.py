@@ -122,6 +122,32 @@ def test_pickle_save_and_deepcopy_of_managed_tensors():
         torch_dtr.disable()
 
 
+def test_dlpack_and_data_ptr_of_an_evicted_managed_tensor_give_its_value():
+    """DLPack (np.from_dlpack, torch.utils.dlpack.to_dlpack) and data_ptr() of a managed tensor export its
+    payload, brought back and pinned: before, np.from_dlpack read the wrapper (which has no memory) and gave
+    garbage, to_dlpack crashed the process, and data_ptr() was 0."""
+    import ctypes
+
+    torch_dtr.enable(budget=None)
+    try:
+        x = torch.randn(6, 6, requires_grad=True)
+        exports = (lambda t: torch.as_tensor(np.from_dlpack(t)),
+                   lambda t: torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(t)),
+                   lambda t: torch.frombuffer((ctypes.c_float * 36).from_address(t.data_ptr()),
+                                              dtype=torch.float32).reshape(6, 6).clone())
+        for k, export in enumerate(exports):
+            y = (x * (k + 3)).tanh().detach()
+            want = torch.tanh(x.detach() * (k + 3))
+            assert evict_all() > 0
+            before = came_back(torch_dtr.stats())
+            got = export(y)
+            assert came_back(torch_dtr.stats()) > before  # y (and what it is computed from), brought back
+            assert type(got) is torch.Tensor and torch.equal(got, want)
+            assert evict_all() == 0  # pinned now
+    finally:
+        torch_dtr.disable()
+
+
 def test_managed_tensor_from_an_earlier_session_is_a_constant_in_the_next():
     x = torch.randn(8, 8, requires_grad=True)
     torch_dtr.enable(budget=None)

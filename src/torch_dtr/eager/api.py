@@ -19,7 +19,7 @@ from . import tenants as _tenants
 from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
 from .swap import banish_default, tier_options
-from .tensor import DTRTensor
+from .tensor import DTRTensor, guard_dlpack
 
 _LAST: Front | None = None  # the most recent front end, for stats() after disable()
 _FROZE = False  # enable() froze the garbage collector's view of older objects (see enable)
@@ -93,6 +93,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if nbytes is not None and f.dev is not None:
         f.dev.prepare()  # NOTE [ Device memory ] 8 (before the mode: these ops stay plain)
     f.expandable_was = _expandable(f.dev, expandable_segments)
+    guard_dlpack()
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f

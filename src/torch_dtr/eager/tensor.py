@@ -137,6 +137,15 @@ class DTRTensor(torch.Tensor):
     def tolist(self) -> Any:  # type: ignore[override]
         return self._cell.front.peek(self._cell).tolist()
 
+    def data_ptr(self) -> int:  # type: ignore[override]
+        # an address to read through (a custom kernel, a ctypes view): the payload's, pinned (the wrapper has none)
+        return self._cell.front.unwrap(self._cell).data_ptr()
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        # the payload's memory leaves PyTorch (np.from_dlpack, JAX): pinned, as for numpy() (the wrapper itself
+        # has no memory: exporting it gave garbage)
+        return self._cell.front.unwrap(self._cell).__dlpack__(*args, **kwargs)
+
     # Saving and copying work as on a plain tensor and give plain tensors back: a managed tensor's recipe
     # and runtime belong to this process's session, so only the value travels.
     def __reduce_ex__(self, proto: Any) -> Any:
@@ -169,3 +178,24 @@ def _first(args: tuple, kwargs: dict) -> DTRTensor:
                 if type(b) is DTRTensor:
                     return b
     raise AssertionError("torch_dtr internal error: DTRTensor.__torch_dispatch__ without a managed argument")
+
+
+_DLPACK: dict[str, Any] = {}
+
+
+def guard_dlpack() -> None:
+    """``torch.to_dlpack`` / ``torch.utils.dlpack.to_dlpack`` of a ``DTRTensor`` export its pinned payload (the
+    C function reads the wrapper, which has no memory, and crashed the process); installed once, kept."""
+    if _DLPACK:
+        return
+    import torch.utils.dlpack
+
+    for owner in (torch, torch.utils.dlpack):
+        orig = _DLPACK.setdefault(f"{owner.__name__}.to_dlpack", owner.to_dlpack)
+
+        def to_dlpack(t: Any, *args: Any, __orig: Any = orig, **kwargs: Any) -> Any:
+            if type(t) is DTRTensor:
+                t = t._cell.front.unwrap(t._cell)
+            return __orig(t, *args, **kwargs)
+
+        owner.to_dlpack = to_dlpack
