@@ -685,3 +685,39 @@ def test_memory_handed_out_of_pytorch_is_brought_back_and_pinned_first():
     assert np.array_equal(arr, kept[0]) and np.array_equal(dl, kept[1])
     assert np.array_equal(arr, want[0]) and np.array_equal(dl, want[1])
     assert torch.equal(saved[0], want[3][0]) and torch.equal(saved[1], want[3][1]) and saved[2] == want[3][2]
+
+
+def test_a_module_converted_or_built_while_enabled_trains_as_plain():
+    """``.double()`` and ``.to(memory_format=...)`` make a module's parameters from values made under no_grad,
+    which are managed, and set them through ``p.data = v``, ``nn.Parameter(v)`` or a buffer: those become plain
+    constants, pinned (NOTE [ Native exports ] 4). Before, the core freed their data when the converted value's
+    last handle died: ``.double()`` crashed the process at the next forward, channels_last read unallocated
+    data. Built and converted at no budget and at 80% of the peak, trained bitwise as plain."""
+
+    def build_and_train():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                  torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 4))
+        net = net.to(memory_format=torch.channels_last).double()
+        with torch.no_grad():
+            net.register_buffer("scale", torch.ones(4, dtype=torch.float64) * 2)
+        x = torch.randn(4, 3, 8, 8, dtype=torch.float64).to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(2):
+            (net(x) * net.scale).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in net.parameters()] + [b.clone() for b in net.buffers()]
+
+    want = build_and_train()
+    native.enable(None)
+    got = build_and_train()
+    peak = native.stats()["peak_bytes"]
+    native.disable()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    native.enable(int(peak * 0.8))
+    got = build_and_train()
+    evictions = native.stats()["evictions"]
+    native.disable()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)) and evictions > 0
+    assert "data" not in torch.Tensor.__dict__  # the guards are off again

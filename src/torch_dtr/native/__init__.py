@@ -26,7 +26,9 @@
 #    PrivateUse1 backend cannot use this front end.
 # 4. Constants (plain tensors that managed ops read: parameters, inputs) are counted per storage while a tensor
 #    seen on it lives, and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
-#    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned).
+#    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned), and
+#    so do managed values that become parameters, buffers or a plain tensor's ``.data`` (NOTE [ Native exports ]
+#    4: a module converted with ``.double()`` while enabled).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
 # 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one
@@ -164,7 +166,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     from ..eager.api import freeze_gc
     from ..eager.front import DEFAULT_BANISH_DEPTH
     from ..eager.swap import banish_default, tier_options
-    from .exports import guard_storage
+    from .exports import guard_constants, guard_storage
     from .exports import install as install_exports
     from .session import Session
     from .swap import NativeTier
@@ -216,6 +218,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     ext.set_lend(bool(grads_in_place))  # rule 9
     install_exports(ext)  # NOTE [ Native exports ]
     guard_storage(ext, True)
+    guard_constants(ext, True)
     ext.attach(True)
     return s
 
@@ -224,7 +227,7 @@ def disable() -> None:
     """Stop managing new ops. Managed tensors the program still holds stay readable (evicted ones are
     recomputed without a budget)."""
     from ..eager.api import thaw_gc
-    from .exports import guard_storage
+    from .exports import guard_constants, guard_storage
 
     s = _SESSION
     if s is None or not s.active:
@@ -233,6 +236,7 @@ def disable() -> None:
     s.active = False
     s.ext.attach(False)
     guard_storage(s.ext, False)
+    guard_constants(s.ext, False)
     s.ext.set_retry(False)
     s.ext.set_count_plain(0)
     s.ext.set_lend(True)

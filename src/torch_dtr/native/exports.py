@@ -17,6 +17,13 @@
 #    several times per op, and after ``disable()`` nothing is evicted any more.
 # 3. Not covered: a C++ extension that takes a tensor through pybind and reads ``data_ptr<T>()`` itself (no
 #    dispatcher, no Python): call ``t.data_ptr()`` on it first (which pins it), or keep such values plain.
+# 4. Values that become constants (NOTE [ Managed vs constant ] 6, as the Python front end): under no_grad a new
+#    tensor is managed (rule 5 there), and a module converted or built while enabled (``.double()``,
+#    ``.to(memory_format=...)``, an init) makes its parameters from such values: ``p.data = v`` (no kernel sees
+#    ``set_data``), ``nn.Parameter(v)``, ``register_buffer(name, v)``. The plain tensor then shared the managed
+#    value's storage while the core, seeing the last handle die, freed its data: the next forward read freed
+#    memory (``.double()``: a segmentation fault). While enabled, each of them takes the value's plain
+#    tensor, pinned (``Session.unwrap``), instead.
 """
 
 from __future__ import annotations
@@ -73,3 +80,41 @@ def guard_storage(ext: Any, on: bool) -> None:
             setattr(torch.Tensor, name, _guarded(ext, orig))
         elif not on and name in _INSTALLED:
             setattr(torch.Tensor, name, _INSTALLED.pop(name))
+
+
+_DATA = torch._C.TensorBase.__dict__["data"]  # the C getter and setter of ``Tensor.data``
+
+
+def _plain(ext: Any, v: Any) -> Any:
+    """A managed value that becomes a constant: its plain tensor, pinned (rule 4)."""
+    if isinstance(v, torch.Tensor) and ext.is_managed(v):
+        return ext.session_of(v).unwrap(v)
+    return v
+
+
+def guard_constants(ext: Any, on: bool) -> None:
+    """``t.data = v`` on a plain ``t``, ``nn.Parameter(v)`` and ``register_buffer(name, v)`` take a managed ``v``'s
+    plain tensor while a session is enabled (rule 4)."""
+    if on and "data" not in _INSTALLED:
+        _INSTALLED["data"] = True
+        new, register = _INSTALLED["Parameter.__new__"], _INSTALLED["register_buffer"] = (
+            torch.nn.Parameter.__new__, torch.nn.Module.register_buffer)
+
+        def set_data(t: torch.Tensor, v: torch.Tensor) -> None:
+            _DATA.__set__(t, v if ext.is_managed(t) else _plain(ext, v))  # (a handle's own: front.cpp rule 6)
+
+        def param_new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
+            return new(cls, _plain(ext, data), requires_grad)
+
+        def register_buffer(self: torch.nn.Module, name: str, tensor: Any, persistent: bool = True) -> None:
+            register(self, name, _plain(ext, tensor), persistent)
+
+        torch.Tensor.data = property(_DATA.__get__, set_data)  # type: ignore[assignment]
+        torch.nn.Parameter.__new__ = param_new  # type: ignore[method-assign]
+        torch.nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
+    elif not on and "data" in _INSTALLED:
+        del _INSTALLED["data"]
+        if "data" in torch.Tensor.__dict__:
+            del torch.Tensor.data
+        torch.nn.Parameter.__new__ = _INSTALLED.pop("Parameter.__new__")  # type: ignore[method-assign]
+        torch.nn.Module.register_buffer = _INSTALLED.pop("register_buffer")  # type: ignore[method-assign]
