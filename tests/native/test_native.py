@@ -721,3 +721,27 @@ def test_a_module_converted_or_built_while_enabled_trains_as_plain():
     native.disable()
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)) and evictions > 0
     assert "data" not in torch.Tensor.__dict__  # the guards are off again
+
+
+def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
+    """torch.compile (aot_autograd) reads its example inputs' storages under a fake tensor mode; the storage guard
+    of NOTE [ Native exports ] steps aside there (rule 5), as it must: bringing a value back cannot run under
+    that mode (the compile failed). At no budget the region's kernels read the managed input as it is."""
+    def run():
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        block = torch.compile(lambda t: torch.nn.functional.gelu(t * 1.5) + t.sin(), backend="aot_eager")
+        x = torch.randn(16, 32)
+        m[2](block(m[:2](x))).pow(2).mean().backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    want = run()
+    native.enable(None)
+    try:
+        got = run()
+        assert native.stats()["managed_ops"] > 0
+    finally:
+        native.disable()
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))

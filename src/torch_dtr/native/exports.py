@@ -24,6 +24,12 @@
 #    value's storage while the core, seeing the last handle die, freed its data: the next forward read freed
 #    memory (``.double()``: a segmentation fault). While enabled, each of them takes the value's plain
 #    tensor, pinned (``Session.unwrap``), instead.
+# 5. Not while ``torch.compile`` traces or another dispatch mode is active (a fake tensor mode reads its example
+#    inputs' storages, and the ops that bring a value back cannot run under it): the read goes through as it
+#    did. A compiled region's kernels read their inputs' memory without the kernel: with no budget nothing is
+#    evicted and they run; under a budget a managed input it reads (or saves for backward) may be evicted
+#    under it, so keep the values that cross into compiled regions plain (``torch_dtr.native`` does not
+#    manage compiled regions yet).
 """
 
 from __future__ import annotations
@@ -33,12 +39,17 @@ from typing import Any
 
 import torch
 import torch.utils.dlpack
+from torch import compiler as _compiler
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_mode
 
 _INSTALLED: dict[str, Any] = {}  # what was replaced: (owner, name) -> the original
 
 
 def _pin(ext: Any, t: Any) -> None:
-    if isinstance(t, torch.Tensor) and ext.is_managed(t):
+    # not while torch.compile traces (it reads storages of its example inputs under a fake tensor mode, where the
+    # ops that bring a value back cannot run): rule 5
+    if isinstance(t, torch.Tensor) and ext.is_managed(t) and not _compiler._is_compiling_flag \
+            and _current_mode() is None:
         ext.session_of(t).unwrap(t)
 
 
