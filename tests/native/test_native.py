@@ -726,7 +726,8 @@ def test_a_module_converted_or_built_while_enabled_trains_as_plain():
 def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
     """torch.compile (aot_autograd) reads its example inputs' storages under a fake tensor mode; the storage guard
     of NOTE [ Native exports ] steps aside there (rule 5), as it must: bringing a value back cannot run under
-    that mode (the compile failed). At no budget the region's kernels read the managed input as it is."""
+    that mode (the compile failed). At no budget the region's kernels read the managed input as it is; under a
+    budget (here far above the peak) it runs too, and a warning says once that such values should stay plain."""
     def run():
         torch._dynamo.reset()
         torch.manual_seed(0)
@@ -739,9 +740,23 @@ def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
     want = run()
     native.enable(None)
     try:
-        got = run()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = run()
         assert native.stats()["managed_ops"] > 0
     finally:
         native.disable()
         torch._dynamo.reset()
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    assert not [w for w in caught if "torch.compile region" in str(w.message)]
+    native.enable(2**40)  # under a budget: traced as well, and said once
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = run()
+    finally:
+        native.disable()
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    said = [str(w.message) for w in caught if "torch.compile region" in str(w.message)]
+    assert len(said) == 1 and "plain" in said[0]

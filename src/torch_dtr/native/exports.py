@@ -29,12 +29,13 @@
 #    did. A compiled region's kernels read their inputs' memory without the kernel: with no budget nothing is
 #    evicted and they run; under a budget a managed input it reads (or saves for backward) may be evicted
 #    under it, so keep the values that cross into compiled regions plain (``torch_dtr.native`` does not
-#    manage compiled regions yet).
+#    manage compiled regions yet): a warning says so once per session when one is traced under a budget.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
@@ -46,11 +47,20 @@ _INSTALLED: dict[str, Any] = {}  # what was replaced: (owner, name) -> the origi
 
 
 def _pin(ext: Any, t: Any) -> None:
+    if not isinstance(t, torch.Tensor) or not ext.is_managed(t):
+        return
+    session = ext.session_of(t)
     # not while torch.compile traces (it reads storages of its example inputs under a fake tensor mode, where the
     # ops that bring a value back cannot run): rule 5
-    if isinstance(t, torch.Tensor) and ext.is_managed(t) and not _compiler._is_compiling_flag \
-            and _current_mode() is None:
-        ext.session_of(t).unwrap(t)
+    if not _compiler._is_compiling_flag and _current_mode() is None:
+        session.unwrap(t)
+    elif _compiler._is_compiling_flag and session.rt.budget is not None and not session.warned_compile:
+        session.warned_compile = True
+        warnings.warn("torch_dtr.native: a managed tensor enters a torch.compile region under a budget; the "
+                      "region's kernels read memory without torch-dtr seeing it, so a value evicted under them "
+                      "is read freed. Keep the values that cross into compiled regions plain (compute them "
+                      "before torch_dtr.native.enable(), or pass t.detach().clone() made under "
+                      "torch_dtr.native.disable()), or run the region at no budget.", RuntimeWarning, stacklevel=3)
 
 
 def _guarded(ext: Any, orig: Any) -> Any:

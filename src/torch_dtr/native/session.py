@@ -42,6 +42,7 @@ class Session:
         # leaves given the plain-gradient hook (by id, checked by identity), with the hook's handle: disable()
         # removes them (``unhook``), or every session would leave a hook (and itself) on every parameter
         self.hooked: dict[int, tuple[weakref.ref, Any]] = {}
+        self.warned_compile = False  # NOTE [ Native exports ] 5: said once
         # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
         # knows its layout (NOTE [ Device memory ] 4)
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
