@@ -64,12 +64,7 @@ class Feed:
         ``views``: the ops the kernel queued since (``queued``). Returns the locked storages, and with ``writes``
         the way the write is kept."""
         rt = self.rt
-        if views:
-            self.queued(views)
-        if plain:
-            rt.add_outside(plain)
-        for s in dead:
-            rt.drop_ref(s)
+        self._catch_up(views, plain, dead)
         for t, key, nbytes in consts:
             self.see(t, key, nbytes, name)
         held = rt.acquire(ins) if ins else []
@@ -103,12 +98,7 @@ class Feed:
         the op); ``plain`` and ``views`` as for ``before``. Returns the new storages and the room left under the
         budget (``room``)."""
         rt = self.rt
-        if views:
-            self.queued(views)
-        if plain:
-            rt.add_outside(plain)
-        for s in dead:
-            rt.drop_ref(s)
+        self._catch_up(views, plain, dead)
         outs: list[Storage] = []
         old: Storage | None = None
         mode = ""
@@ -158,6 +148,16 @@ class Feed:
         if budget is None:
             return outs, -1
         return outs, self.room()
+
+    def _catch_up(self, views: list[tuple[list[Storage], str]] | None, plain: int, dead: list[Storage]) -> None:
+        """What happened since the kernel's last call, in its order: the queued ops, plain ops' device bytes,
+        the handles that died."""
+        if views:
+            self.queued(views)
+        if plain:
+            self.rt.add_outside(plain)
+        for s in dead:
+            self.rt.drop_ref(s)
 
     def queued(self, views: list[tuple[list[Storage], str]]) -> None:
         """Ops that made no memory, queued by the kernel at no budget (NOTE [ Native front end ] 10), told in
