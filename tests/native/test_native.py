@@ -663,7 +663,8 @@ def test_memory_handed_out_of_pytorch_is_brought_back_and_pinned_first():
             first, second, third = m[:1](x), m[:1](x) * 2, m[:1](x) * 3
         arr = m[:2](x).detach().numpy()
         dl = np.from_dlpack(m[:3](x).detach())
-        kept = (arr.copy(), dl.copy())
+        via = torch.from_dlpack(torch.to_dlpack(m[:4](x).detach()))  # the function, not the method
+        kept = (arr.copy(), dl.copy(), via.clone())
         m(x).sum().backward()  # pressure: evicts
         buf = io.BytesIO()
         out = [t for t in (first, second, third) if native.is_managed(t) and not native.load().storage_of(t).resident]
@@ -671,7 +672,7 @@ def test_memory_handed_out_of_pytorch_is_brought_back_and_pinned_first():
         copied = copy.deepcopy(second)
         listed = third.tolist()
         buf.seek(0)
-        return arr, dl, kept, (torch.load(buf), copied, listed), len(out) == 3
+        return arr, dl, kept, (torch.load(buf), copied, listed), len(out) == 3, via
 
     want = prog()
     native.enable(None)
@@ -680,10 +681,11 @@ def test_memory_handed_out_of_pytorch_is_brought_back_and_pinned_first():
     native.disable()
     m.zero_grad()
     native.enable(int(peak * 0.7))
-    arr, dl, kept, saved, evicted = prog()
+    arr, dl, kept, saved, evicted, via = prog()
     assert native.stats()["evictions"] > 0 and evicted
     assert np.array_equal(arr, kept[0]) and np.array_equal(dl, kept[1])
     assert np.array_equal(arr, want[0]) and np.array_equal(dl, want[1])
+    assert torch.equal(via, kept[2]) and torch.equal(via, want[5])
     assert torch.equal(saved[0], want[3][0]) and torch.equal(saved[1], want[3][1]) and saved[2] == want[3][2]
 
 

@@ -43,18 +43,19 @@ import torch.utils.dlpack
 from torch import compiler as _compiler
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_mode
 
-_INSTALLED: dict[str, Any] = {}  # what was replaced: (owner, name) -> the original
+_INSTALLED: dict[str, Any] = {}  # what was replaced: its name -> the original
 
 
 def _pin(ext: Any, t: Any) -> None:
     if not isinstance(t, torch.Tensor) or not ext.is_managed(t):
         return
-    session = ext.session_of(t)
     # not while torch.compile traces (it reads storages of its example inputs under a fake tensor mode, where the
     # ops that bring a value back cannot run): rule 5
     if not _compiler._is_compiling_flag and _current_mode() is None:
-        session.unwrap(t)
-    elif _compiler._is_compiling_flag and session.rt.budget is not None and not session.warned_compile:
+        _plain(ext, t)
+        return
+    session = ext.session_of(t)
+    if _compiler._is_compiling_flag and session.rt.budget is not None and not session.warned_compile:
         session.warned_compile = True
         warnings.warn("torch_dtr.native: a managed tensor enters a torch.compile region under a budget; the "
                       "region's kernels read memory without torch-dtr seeing it, so a value evicted under them "
@@ -80,9 +81,9 @@ def install(ext: Any) -> None:
         orig = getattr(torch.Tensor, name)
         _INSTALLED[name] = orig
         setattr(torch.Tensor, name, _guarded(ext, orig))
-    orig = torch.utils.dlpack.to_dlpack
-    _INSTALLED["to_dlpack"] = orig
-    torch.utils.dlpack.to_dlpack = _guarded(ext, orig)
+    for owner in (torch, torch.utils.dlpack):  # the same C function under two names
+        orig = _INSTALLED[f"{owner.__name__}.to_dlpack"] = owner.to_dlpack
+        owner.to_dlpack = _guarded(ext, orig)
     tolist = _INSTALLED["tolist"] = torch.Tensor.tolist
 
     @functools.wraps(tolist)
