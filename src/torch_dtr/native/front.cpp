@@ -395,8 +395,21 @@ struct Facts {  // per operator, read once from its schema
   // so, and the position of its `training` flag (-1: none): NOTE [ In-place mutation ] 4 and 6
   std::vector<size_t> stats;
   int64_t training = -1;
+  std::vector<bool> kwarg_only;  // per argument
+  int cost_kind = 5;  // how the cost model counts its FLOPs (eager/costs.py cost_kind): 0-4 here, 5 in Python
   py::object name;  // "aten.mul.Tensor": for the core's messages and the cost model
 };
+
+// The cost model's module (eager/costs.py) and its rates (NOTE [ Modelled costs ] 3 and 4), read once under the GIL
+py::object cost_model() {
+  static py::object* m = nullptr;
+  if (!m) m = new py::object(py::module_::import("torch_dtr.eager.costs"));  // never destroyed: no GIL at exit
+  return *m;
+}
+struct Rates {
+  double cpu_flops, cpu_bytes, cuda_flops, cuda_bytes;
+};
+Rates* g_rates = nullptr;  // set with the first facts (under the GIL)
 
 // Facts are built once per operator, under the GIL (their name is a Python string) and a mutex (any thread's
 // ops reach the kernel: autograd's device threads run backward ops on CUDA), and kept for good (never
@@ -410,11 +423,17 @@ const Facts& build_facts(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   auto it = g_facts->find(&schema);
   if (it != g_facts->end()) return it->second;
+  if (!g_rates) {
+    py::dict r = cost_model().attr("RATES");
+    auto cpu = r["cpu"].cast<std::pair<double, double>>(), cuda = r["cuda"].cast<std::pair<double, double>>();
+    g_rates = new Rates{cpu.first, cpu.second, cuda.first, cuda.second};
+  }
   Facts f;
   for (const auto& a : schema.arguments()) {
     bool w = a.alias_info() && a.alias_info()->isWrite();
     if (!w && (a.name() == "running_mean" || a.name() == "running_var")) f.stats.push_back(f.written.size());
     if (a.name() == "training") f.training = static_cast<int64_t>(f.written.size());
+    f.kwarg_only.push_back(a.kwarg_only());
     f.written.push_back(w);
     f.writes |= w;
     if (a.type()->kind() == c10::TypeKind::OptionalType &&
@@ -440,6 +459,7 @@ const Facts& build_facts(const c10::OperatorHandle& op) {
   for (const char* n : aliasing) f.unannotated |= base == n;
   f.name = py::str(full.substr(0, full.find("::")) + "." + base + "." +
                    (schema.overload_name().empty() ? "default" : schema.overload_name()));
+  f.cost_kind = cost_model().attr("cost_kind")(f.name).cast<int>();
   return g_facts->emplace(&schema, std::move(f)).first->second;
 }
 
@@ -532,6 +552,69 @@ bool describe(const IValue& v, std::vector<int64_t>& w) {  // false: not cacheab
 
 std::unordered_map<Key, int64_t, KeyHash> g_sizes;
 std::unordered_map<Key, double, KeyHash> g_costs;
+
+// The cost model of eager/costs.py (NOTE [ Modelled costs ] 4) for an op whose FLOPs need no formula of PyTorch's:
+// FLOPs / rate + bytes moved / bandwidth, the same float as model_cost gives. `args`: the op's arguments as called;
+// `outs`: its returns. False where Python must answer (a non-strided output, a matmul's shapes not as expected).
+int64_t bytes_of(const IValue& v) {  // costs.py _bytes: each tensor's numel x element size, lists summed
+  if (v.isTensor()) {  // (a wrapped number, `x * 2.0`'s 2.0, reaches Python as a float: no bytes)
+    const auto& t = v.toTensor();
+    return t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()
+               ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+  }
+  int64_t n = 0;
+  if (v.isList())
+    for (const IValue& e : v.toListRef()) n += bytes_of(e);
+  else if (v.isTuple())
+    for (const IValue& e : v.toTupleRef().elements()) n += bytes_of(e);
+  return n;
+}
+
+bool cost_here(const Facts& f, const std::vector<IValue>& args, const IValue* outs, size_t nout, double& cost) {
+  int64_t moved = 0;
+  bool cuda = false;  // the rates of the device the op ran on: a positional tensor or an output on CUDA
+  std::vector<const IValue*> pos;
+  for (size_t i = 0; i < args.size(); ++i) {
+    moved += bytes_of(args[i]);
+    if (i < f.kwarg_only.size() && f.kwarg_only[i]) continue;
+    pos.push_back(&args[i]);
+    if (args[i].isTensor() && args[i].toTensor().defined()) cuda |= args[i].toTensor().is_cuda();
+  }
+  auto out = [&](const IValue& v) {
+    if (!v.isTensor() || !v.toTensor().defined()) return true;
+    const auto& t = v.toTensor();
+    if (t.layout() != c10::kStrided || t.is_nested()) return false;  // Python counts their values its own way
+    moved += t.numel() * static_cast<int64_t>(t.element_size());
+    cuda |= t.is_cuda();
+    return true;
+  };
+  for (size_t k = 0; k < nout; ++k) {
+    if (outs[k].isList()) {
+      for (const IValue& e : outs[k].toListRef())
+        if (!out(e)) return false;
+    } else if (!out(outs[k])) {
+      return false;
+    }
+  }
+  int64_t flops = 0;
+  if (f.cost_kind > 0) {  // 2 x m x k x n of mm, bmm, addmm, baddbmm (the last two: their matrices come second)
+    const size_t first = f.cost_kind >= 3 ? 1 : 0;
+    const int64_t dims = f.cost_kind % 2 ? 2 : 3;
+    if (pos.size() < first + 2 || !pos[first]->isTensor() || !pos[first + 1]->isTensor()) return false;
+    const auto& a = pos[first]->toTensor();
+    const auto& b = pos[first + 1]->toTensor();
+    if (!a.defined() || !b.defined() || a.dim() != dims || b.dim() < 1) return false;
+    flops = 2 * b.size(-1);
+    for (int64_t d = 0; d < dims; ++d) flops *= a.size(d);
+  }
+  const Rates& r = *g_rates;
+  cost = static_cast<double>(flops) / (cuda ? r.cuda_flops : r.cpu_flops) +
+         static_cast<double>(moved) / (cuda ? r.cuda_bytes : r.cpu_bytes);
+  return true;
+}
+bool g_check_costs = false;  // tests: misses answered here are asked of Python too, and compared
+int64_t g_cost_here = 0, g_cost_mismatches = 0;
+std::string g_cost_mismatch;  // the first
 
 IValue to_meta(const IValue& v) {
   if (v.isTensor() && v.toTensor().defined()) {
@@ -1129,9 +1212,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   auto hit = cacheable ? g_costs.find(key) : g_costs.end();
   const bool known = hit != g_costs.end();
   if (known) cost = hit->second;
-  py::list pin;
-  if (!known)
-    for (size_t i = start; i < stack->size(); ++i) pin.append(torch::jit::toPyObject((*stack)[i]));
+  std::vector<IValue> called;  // a miss: the arguments as called, for the cost model after the op
+  if (!known) called.assign(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
   try {
     if (g_py->retry) run_retrying(op, below, stack, start, *rec, need, ins);
     else run_below(op, below, stack);
@@ -1188,11 +1270,24 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       for (size_t e = 0; e < l.size(); ++e) classify(l.get(e), k, static_cast<int64_t>(e));
     }
   }
-  if (!fresh.empty() && !known) {
+  // a miss of the cost cache: the model, here where it can be (NOTE [ Modelled costs ] 4), else in Python
+  auto model_cost = [&]() -> double {
     ++g_cost_misses;
-    py::list pout;
+    double here = 0;
+    const bool mine = cacheable && f.cost_kind <= 4 && cost_here(f, called, stack->data() + base, nout, here);
+    if (mine) ++g_cost_here;
+    if (mine && !g_check_costs) return here;
+    py::list pin, pout;
+    for (const IValue& v : called) pin.append(torch::jit::toPyObject(v));
     for (size_t k = 0; k < nout; ++k) pout.append(torch::jit::toPyObject((*stack)[base + k]));
-    cost = g_py->cost(f.name, pin, pout).cast<double>();
+    const double theirs = g_py->cost(f.name, pin, pout).cast<double>();
+    if (mine && theirs != here && !g_cost_mismatches++)
+      g_cost_mismatch = f.name.cast<std::string>() + ": " + py::repr(py::float_(here)).cast<std::string>() +
+                        " here, " + py::repr(py::float_(theirs)).cast<std::string>() + " in Python";
+    return theirs;
+  };
+  if (!fresh.empty() && !known) {
+    cost = model_cost();
     if (cacheable) g_costs.emplace(std::move(key), cost);
   }
   // a recipe when it made storages and can run again: not random with a generator of its own, not an op
@@ -1237,10 +1332,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       read.append(reinterpret_cast<intptr_t>(si));
     }
   if (writing && cost == 0 && !known) {  // a write's cost (fresh outputs set it above)
-    ++g_cost_misses;
-    py::list pout;
-    for (size_t k = 0; k < nout; ++k) pout.append(torch::jit::toPyObject((*stack)[base + k]));
-    cost = g_py->cost(f.name, pin, pout).cast<double>();
+    cost = model_cost();
     if (cacheable) g_costs.emplace(key, cost);
   }
   py::object wrote_arg = py::none();
@@ -1489,7 +1581,8 @@ void fill_bytes(Value& v, const at::Tensor& t) {
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
-          {"constants_seen", static_cast<int64_t>(g_seen.size())}};
+          {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
+          {"cost_mismatches", g_cost_mismatches}};
 }
 
 }  // namespace
@@ -1523,6 +1616,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("session_of", &session_of);
   m.def("plain", &plain);
   m.def("counters", &counters);
+  m.def("check_costs", [](bool on) {  // tests: compare the kernel's cost model with Python's; returns the first
+    g_check_costs = on;                  // mismatch since the last call ("": none)
+    std::string first;
+    std::swap(first, g_cost_mismatch);
+    g_cost_mismatches = 0;
+    return first;
+  });
   m.def("cpu_blocks", &cpu_blocks);
   m.def("cpu_blocks_on", &cpu_blocks_on);
   m.def("cpu_blocks_usage", &cpu_blocks_usage);
