@@ -208,9 +208,28 @@ struct Slot : c10::intrusive_ptr_target {  // one core storage (rules 2 and 6)
 };
 using SlotPtr = c10::intrusive_ptr<Slot>;
 
-struct Value {  // the core's payload of a resident storage
+// ------------------------------------------------------------------ payloads and recipes as Python objects
+// The two Python objects made per managed op, a storage's payload (a Value: its slot) and a recipe, are instances
+// of two types defined here with CPython's API, not pybind11 classes: pybind11 registers every instance in a
+// global map and looks up its type on each cast and deallocation, which `py-spy --native` put at a tenth of a
+// small op's time (docs/native.md). Their rarer methods (a copy out or back, a recomputation) call functions
+// bound with pybind11 (`_value_take`, `_value_fill`, `_recipe_call`), which translate C++ exceptions as usual.
+struct ValueObject {
+  PyObject_HEAD
   SlotPtr slot;
 };
+PyTypeObject g_value_type = {PyVarObject_HEAD_INIT(nullptr, 0)};  // completed at import (init_types)
+
+py::object value_of(SlotPtr slot) {  // a new payload
+  auto* o = PyObject_New(ValueObject, &g_value_type);
+  if (!o) throw py::error_already_set();
+  new (&o->slot) SlotPtr(std::move(slot));
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(o));
+}
+
+Slot* slot_of_value(py::handle v) {  // nullptr: not a payload
+  return Py_TYPE(v.ptr()) == &g_value_type ? reinterpret_cast<ValueObject*>(v.ptr())->slot.get() : nullptr;
+}
 
 struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule 3)
   TORCH_DTR_POOLED
@@ -792,7 +811,7 @@ struct Recipe {
       for (const auto& l : lend)
         for (const auto& st : l.cast<py::list>()) {
           py::object p = st.attr("payload");
-          if (!p.is_none() && p.cast<Value&>().slot.get() == old.get()) lent = true;
+          if (!p.is_none() && slot_of_value(p) == old.get()) lent = true;
         }
       target = lent ? old->storage() : copy_of(old->storage());
     }
@@ -841,7 +860,7 @@ struct Recipe {
       c10::StorageImpl* from = target.unsafeGetStorageImpl();
       if (!o.slot->resident() && from != into)
         into->set_data_ptr_noswap(from->set_data_ptr(c10::DataPtr(nullptr, from->device())));
-      values.append(Value{o.slot});
+      values.append(value_of(o.slot));
       return values;
     }
     for (const Out& o : outs) {
@@ -854,11 +873,97 @@ struct Recipe {
                     fresh->nbytes(), " bytes where it made ", into->nbytes(), " the first time");
         into->set_data_ptr_noswap(fresh->set_data_ptr(c10::DataPtr(nullptr, fresh->device())));
       }
-      values.append(Value{o.slot});
+      values.append(value_of(o.slot));
     }
     return values;
   }
 };
+
+struct RecipeObject {
+  PyObject_HEAD
+  Recipe* rec;  // owned
+};
+PyTypeObject g_recipe_type = {PyVarObject_HEAD_INIT(nullptr, 0)};  // completed at import (init_types)
+
+py::object recipe_of(std::unique_ptr<Recipe> rec) {
+  auto* o = PyObject_New(RecipeObject, &g_recipe_type);
+  if (!o) throw py::error_already_set();
+  o->rec = rec.release();
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(o));
+}
+
+py::object* g_value_take = nullptr;  // the pybind11-bound functions behind the types' rarer methods
+py::object* g_value_fill = nullptr;
+py::object* g_recipe_call = nullptr;
+
+PyObject* value_drop(PyObject* self, PyObject*) {
+  reinterpret_cast<ValueObject*>(self)->slot->drop();
+  Py_RETURN_NONE;
+}
+PyObject* value_take(PyObject* self, PyObject*) {
+  return PyObject_CallOneArg(g_value_take->ptr(), self);
+}
+PyObject* value_fill(PyObject* self, PyObject* t) {
+  return PyObject_CallFunctionObjArgs(g_value_fill->ptr(), self, t, nullptr);
+}
+PyObject* value_data_ptr(PyObject* self, void*) {  // its address, 0 when evicted (an OOM's window)
+  auto p = reinterpret_cast<ValueObject*>(self)->slot->weak.lock();
+  return PyLong_FromVoidPtr(p ? const_cast<void*>(p->data()) : nullptr);
+}
+void value_dealloc(PyObject* self) {
+  reinterpret_cast<ValueObject*>(self)->slot.~SlotPtr();
+  Py_TYPE(self)->tp_free(self);
+}
+PyObject* recipe_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  if (kwargs && PyDict_Size(kwargs)) {
+    PyErr_SetString(PyExc_TypeError, "a torch_dtr native recipe takes no keyword arguments");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyTuple_GET_SIZE(args);
+  PyObject* all = PyTuple_New(n + 1);
+  if (!all) return nullptr;
+  Py_INCREF(self);
+  PyTuple_SET_ITEM(all, 0, self);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    Py_INCREF(a);
+    PyTuple_SET_ITEM(all, i + 1, a);
+  }
+  PyObject* out = PyObject_Call(g_recipe_call->ptr(), all, nullptr);
+  Py_DECREF(all);
+  return out;
+}
+void recipe_dealloc(PyObject* self) {
+  delete reinterpret_cast<RecipeObject*>(self)->rec;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyMethodDef g_value_methods[] = {
+    {"drop", value_drop, METH_NOARGS, "drop the value's data (the runtime stopped counting it)"},
+    {"take", value_take, METH_NOARGS, "the value's bytes, moved out into a tensor of their own (a copy out)"},
+    {"fill", value_fill, METH_O, "move a copy's bytes back in (a copy back)"},
+    {nullptr, nullptr, 0, nullptr}};
+PyGetSetDef g_value_getset[] = {{"data_ptr", value_data_ptr, nullptr, "its address, 0 when evicted", nullptr},
+                                {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+void init_types(py::module_& m) {
+  g_value_type.tp_name = "torch_dtr_native.Value";
+  g_value_type.tp_basicsize = sizeof(ValueObject);
+  g_value_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  g_value_type.tp_doc = "the runtime's payload of a managed storage (its slot)";
+  g_value_type.tp_dealloc = value_dealloc;
+  g_value_type.tp_methods = g_value_methods;
+  g_value_type.tp_getset = g_value_getset;
+  g_recipe_type.tp_name = "torch_dtr_native.Recipe";
+  g_recipe_type.tp_basicsize = sizeof(RecipeObject);
+  g_recipe_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  g_recipe_type.tp_doc = "how to run an op again: called with the storages the runtime lends to a write";
+  g_recipe_type.tp_dealloc = recipe_dealloc;
+  g_recipe_type.tp_call = recipe_call;
+  if (PyType_Ready(&g_value_type) < 0 || PyType_Ready(&g_recipe_type) < 0) throw py::error_already_set();
+  m.attr("Value") = py::handle(reinterpret_cast<PyObject*>(&g_value_type));
+  m.attr("Recipe") = py::handle(reinterpret_cast<PyObject*>(&g_recipe_type));
+}
 
 // ------------------------------------------------------------------ locking (rule 4)
 struct Lock {
@@ -1259,7 +1364,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     // on CUDA counted as the caching allocator counts it, in blocks of 512 bytes (NOTE [ Device memory ] 2)
     const auto n = static_cast<int64_t>(si->nbytes());
     nbytes.append(si->device().is_cuda() ? (n + 511) / 512 * 512 : n);
-    values.append(Value{slot});
+    values.append(value_of(slot));
     fresh.push_back(Fresh{k, elem, std::move(slot)});
   };
   for (size_t k = 0; k < nout; ++k) {
@@ -1306,7 +1411,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
           v.toTensor().storage().unsafeGetStorageImpl() == new_slot->impl)
         new_slot->lend();
     }
-    new_value = py::cast(Value{new_slot});
+    new_value = value_of(new_slot);
   }
   const bool writing = mode == "version" || mode == "copy";
   bool replayable = (writing ? fresh.empty() : !fresh.empty() && !f.writes) && f.replayable && !opaque &&
@@ -1322,7 +1427,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       rec->outs.push_back(Out{0, -1, new_slot});
     }
     for (auto& fr : fresh) rec->outs.push_back(Out{fr.ret, fr.elem, fr.slot});  // fr.ret: index into the returns
-    recipe = py::cast(rec.release(), py::return_value_policy::take_ownership);
+    recipe = recipe_of(std::move(rec));
   }
   py::list read;
   if (replayable)
@@ -1552,8 +1657,14 @@ at::Tensor plain(const at::Tensor& t) {
 
 // The host tier (NOTE [ Native front end ] 6): a value's bytes leave its slot for a plain tensor that the tier
 // copies out, and a copy's bytes come back into the same slot (the handles and recipes that name it see them).
-at::Tensor take_bytes(Value& v) {
-  Slot* s = v.slot.get();
+Slot* checked_slot(py::handle v) {
+  Slot* s = slot_of_value(v);
+  TORCH_CHECK(s, "torch_dtr native: expected a Value, got ", py::repr(v).cast<std::string>());
+  return s;
+}
+
+at::Tensor take_bytes(py::handle v) {
+  Slot* s = checked_slot(v);
   TORCH_CHECK(!s->shared && s->resident(), "torch_dtr native: only a resident value that the runtime alone holds "
               "can be copied out");
   c10::StorageImpl* si = s->impl;
@@ -1567,8 +1678,8 @@ at::Tensor take_bytes(Value& v) {
   return t;
 }
 
-void fill_bytes(Value& v, const at::Tensor& t) {
-  Slot* s = v.slot.get();
+void fill_bytes(py::handle v, const at::Tensor& t) {
+  Slot* s = checked_slot(v);
   c10::StorageImpl* into = s->impl;
   c10::StorageImpl* from = t.storage().unsafeGetStorageImpl();
   TORCH_CHECK(!s->resident() || into->nbytes() == 0, "torch_dtr native: a copy came back into a resident value");
@@ -1588,15 +1699,16 @@ std::unordered_map<std::string, int64_t> counters() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Value>(m, "Value")
-      .def("drop", [](Value& v) { v.slot->drop(); })
-      .def_property_readonly("data_ptr", [](const Value& v) {  // its address, 0 when evicted (an OOM's window)
-        auto p = v.slot->weak.lock();
-        return p ? reinterpret_cast<intptr_t>(p->data()) : intptr_t{0};
-      })
-      .def("take", &take_bytes)
-      .def("fill", &fill_bytes);
-  py::class_<Recipe>(m, "Recipe").def("__call__", [](Recipe& r, const py::args& lend) { return r.call(lend); });
+  init_types(m);
+  m.def("_value_take", &take_bytes);
+  m.def("_value_fill", &fill_bytes);
+  m.def("_recipe_call", [](py::handle r, const py::args& lend) {
+    TORCH_CHECK(Py_TYPE(r.ptr()) == &g_recipe_type, "torch_dtr native: expected a Recipe");
+    return reinterpret_cast<RecipeObject*>(r.ptr())->rec->call(lend);
+  });
+  g_value_take = new py::object(m.attr("_value_take"));  // never destroyed: no GIL at exit
+  g_value_fill = new py::object(m.attr("_value_fill"));
+  g_recipe_call = new py::object(m.attr("_recipe_call"));
   m.def("claim", &claim);
   m.def("start", &start);
   m.def("stop", &stop);
