@@ -128,7 +128,7 @@ def _build() -> Any:
         raise NativeUnavailable(f"torch_dtr.native: torch.utils.cpp_extension is missing ({e})") from e
     t0 = time.perf_counter()
     try:
-        ext = build("torch_dtr_native", [str(Path(__file__).with_name("front.cpp"))], extra_cflags=["-O2"])
+        ext = build("torch_dtr_native", [str(Path(__file__).with_name("front.cpp"))], extra_cflags=["-O2", "-DNDEBUG"])
     except Exception as e:  # no compiler, no ninja, a compile error
         raise NativeUnavailable(
             f"torch_dtr.native: the C++ front end could not be built ({type(e).__name__}: {str(e)[-400:]}); it needs "
