@@ -946,19 +946,21 @@ PyMethodDef g_value_methods[] = {
 PyGetSetDef g_value_getset[] = {{"data_ptr", value_data_ptr, nullptr, "its address, 0 when evicted", nullptr},
                                 {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
+void describe_type(PyTypeObject& t, const char* name, Py_ssize_t size, const char* doc, destructor dealloc) {
+  t.tp_name = name;
+  t.tp_basicsize = size;
+  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_doc = doc;
+  t.tp_dealloc = dealloc;
+}
+
 void init_types(py::module_& m) {
-  g_value_type.tp_name = "torch_dtr_native.Value";
-  g_value_type.tp_basicsize = sizeof(ValueObject);
-  g_value_type.tp_flags = Py_TPFLAGS_DEFAULT;
-  g_value_type.tp_doc = "the runtime's payload of a managed storage (its slot)";
-  g_value_type.tp_dealloc = value_dealloc;
+  describe_type(g_value_type, "torch_dtr_native.Value", sizeof(ValueObject),
+                "the runtime's payload of a managed storage (its slot)", value_dealloc);
   g_value_type.tp_methods = g_value_methods;
   g_value_type.tp_getset = g_value_getset;
-  g_recipe_type.tp_name = "torch_dtr_native.Recipe";
-  g_recipe_type.tp_basicsize = sizeof(RecipeObject);
-  g_recipe_type.tp_flags = Py_TPFLAGS_DEFAULT;
-  g_recipe_type.tp_doc = "how to run an op again: called with the storages the runtime lends to a write";
-  g_recipe_type.tp_dealloc = recipe_dealloc;
+  describe_type(g_recipe_type, "torch_dtr_native.Recipe", sizeof(RecipeObject),
+                "how to run an op again: called with the storages the runtime lends to a write", recipe_dealloc);
   g_recipe_type.tp_call = recipe_call;
   if (PyType_Ready(&g_value_type) < 0 || PyType_Ready(&g_recipe_type) < 0) throw py::error_already_set();
   m.attr("Value") = py::handle(reinterpret_cast<PyObject*>(&g_value_type));
