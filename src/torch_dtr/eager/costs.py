@@ -114,10 +114,10 @@ COST_KINDS = ("none", "mm", "bmm", "addmm", "baddbmm")  # kind 5: PyTorch's form
 def cost_kind(name: str) -> int:
     """How the op named ``name`` ("aten.mm.default") counts FLOPs (rule 4): its index in ``COST_KINDS``, or 5
     where only ``flops`` in Python knows (PyTorch's formula registry)."""
-    ns, packet, overload = name.split(".")
     try:
+        ns, packet, overload = name.split(".")
         func = getattr(getattr(getattr(torch.ops, ns), packet), overload)
-    except (AttributeError, RuntimeError):
+    except (ValueError, AttributeError, RuntimeError):  # not an operator torch.ops can name: Python decides
         return 5
     if func.namespace == "aten" and packet in _FAST:
         return COST_KINDS.index(packet)
