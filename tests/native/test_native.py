@@ -463,6 +463,49 @@ def test_while_enabled_a_freed_cpu_blocks_hole_takes_its_successor():
     assert not ext.cpu_blocks_on()
 
 
+def test_freed_cpu_blocks_are_kept_for_their_size_within_the_peak_in_use_and_given_back():
+    """NOTE [ Native front end ] 7: a freed block of 4 KiB or more serves the next block of its size (no fresh
+    pages to fault in); the kept and the used never pass the most used at once since enable() or set_budget();
+    set_budget() and disable() give the kept blocks back."""
+    import random
+
+    ext = native.load()
+    gc.collect()
+    native.enable()
+    n = 1 << 20  # 4 MiB of float32
+    a = torch.empty(n)
+    where, (kept, hits, _) = a.data_ptr(), ext.cpu_blocks_kept()
+    del a
+    assert ext.cpu_blocks_kept()[0] == kept + 4 * n
+    b = torch.empty(n)
+    assert b.data_ptr() == where and ext.cpu_blocks_kept()[:2] == (kept, hits + 1)
+    small = torch.empty(16)  # 64 bytes: the C library's own bins serve these
+    del small
+    assert ext.cpu_blocks_kept()[0] == kept
+    del b
+    native.set_budget(None)
+    assert ext.cpu_blocks_kept()[0] == 0
+    d = torch.empty(n)
+    rng, live, high = random.Random(0), [], ext.cpu_blocks_usage()[0]  # the most in use since set_budget()
+    del d
+    c = torch.empty(n // 2)  # another size: in use and kept would pass that, so the kept 4 MiB go
+    assert ext.cpu_blocks_kept()[0] == 0
+    del c
+    for _ in range(400):  # sizes that repeat and sizes that do not, freed in any order
+        if live and rng.random() < 0.45:
+            live.pop(rng.randrange(len(live)))
+        else:
+            live.append(torch.empty(rng.choice([1 << 12, 1 << 15, 3 << 14, rng.randrange(1 << 10, 1 << 17)])))
+        now = ext.cpu_blocks_usage()[0]
+        high = max(high, now)
+        assert ext.cpu_blocks_kept()[0] + now <= high
+    assert ext.cpu_blocks_kept()[1] > hits + 50
+    native.disable()
+    assert ext.cpu_blocks_kept()[0] == 0
+    live.clear()  # freed after disable(): straight back to the C library
+    assert ext.cpu_blocks_kept()[0] == 0
+
+
 def test_at_no_budget_ops_that_make_no_memory_are_queued_and_the_core_counts_as_without_the_queue():
     # front.cpp rule 7: views, detach and t wait in the kernel for the next call into the core, which tells them
     # first; the core's counts (ops, the floor, the peak) are those of a budget far above the peak (no queue), and
