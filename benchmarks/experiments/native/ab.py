@@ -1,5 +1,6 @@
 """One side of an A/B comparison of the native front end at no budget: microseconds added per managed op on the
-small-op chain, the small LSTM loop and the small GPT-2 (``torch-dtr bench --quick`` sizes), plain and native
+small-op chain, the small LSTM loop and the small GPT-2 (``torch-dtr bench --quick`` sizes), and a GPT-2 of 12
+narrow layers (148 parameters: what the kernel does per constant per op shows), plain and native
 steps interleaved in one process, median of ``ROUNDS`` rounds. Run it in two checkouts, each with its own
 extension build (``TORCH_EXTENSIONS_DIR``), alternating; set ``TORCH_DTR_CORE=compiled`` for the compiled core.
 
@@ -29,8 +30,8 @@ def main() -> None:
         y.sum().backward()
         w.grad = None
 
-    def bench(name: str):
-        model, batches, step = workloads.build(name, workloads.SIZES[name]["quick"], 4)
+    def bench(name: str, size=None):
+        model, batches, step = workloads.build(name, size or workloads.SIZES[name]["quick"], 4)
 
         def run() -> None:
             nxt[0] += 1
@@ -38,7 +39,8 @@ def main() -> None:
 
         return run
 
-    for name, fn, k in (("small ops", chain, 20), ("lstm", bench("lstm"), 8), ("gpt2", bench("gpt2"), 8)):
+    for name, fn, k in (("small ops", chain, 20), ("lstm", bench("lstm"), 8), ("gpt2", bench("gpt2"), 8),
+                       ("gpt2 x 12", bench("gpt2", workloads.Size(2, 12, 64, 32)), 4)):
         fn()
         native.enable(None)
         fn()
