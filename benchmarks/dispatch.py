@@ -120,7 +120,8 @@ def measure(fn: Callable[[], None], repeats: int) -> dict:
     inner = 1 if plain_s > 0.02 else 4 * max(1, round(0.04 / (4 * plain_s)))
 
     def timed(m: str, rnd: int) -> None:
-        _NEXT[0] = rnd * inner
+        _NEXT[0] = rnd * inner + inner - 1
+        fn()  # not timed: the mode was just switched on (its first step fills what a long run keeps warm)
         for _ in range(inner):
             times[m].append(_time(fn))
 
@@ -207,8 +208,9 @@ def main() -> int:
         "",
         "What torch-dtr adds to every aten op when nothing is evicted: median step time under torch-dtr minus",
         "plain PyTorch's, divided by the managed ops per step (modes interleaved in one process, after a",
-        "warm-up; a short step runs several times in a row per mode and round, about 40 ms, every step a",
-        "sample). *no budget* skips size prediction; *budget above peak* runs the whole per-op path.",
+        "warm-up; in each round every mode runs one step untimed once switched on, as a long run would be",
+        "warm, then a short step runs several times in a row, about 40 ms, every step a sample). *no",
+        "budget* skips size prediction; *budget above peak* runs the whole per-op path.",
         "",
         "*ops through the mode* counts every aten op the dispatch mode sees (managed or not: optimizer",
         "updates on plain parameters pass through it too), in brackets those inside `optimizer.step()`",
