@@ -26,10 +26,10 @@
 #    PrivateUse1 backend cannot use this front end.
 # 4. Constants (plain tensors that managed ops read: parameters, inputs) are counted per storage while a tensor
 #    seen on it lives (a death is found before the next call to ``Session.before``, and otherwise within
-#    (constants / 8) managed ops: front.cpp, ``g_sweep_in``), and a write to one that recipes read invalidates those recipes first (NOTE [ Changed
-#    constants ] 2, by storage address). Gradients accumulated into plain leaves come back plain (pinned), and
-#    so do managed values that become parameters, buffers or a plain tensor's ``.data`` (NOTE [ Native exports ]
-#    4: a module converted with ``.double()`` while enabled).
+#    (constants / 8) managed ops: front.cpp, ``g_sweep_in``), and a write to one that recipes read invalidates
+#    those recipes first (NOTE [ Changed constants ] 2, by storage address). Gradients accumulated into plain
+#    leaves come back plain (pinned), and so do managed values that become parameters, buffers or a plain
+#    tensor's ``.data`` (NOTE [ Native exports ] 4: a module converted with ``.double()`` while enabled).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
 # 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one

@@ -329,8 +329,9 @@ struct Entry {
   void* raw;
 };
 std::mutex g_mutex;
-std::list<Entry> g_order;  // oldest first
-std::unordered_map<size_t, std::vector<std::list<Entry>::iterator>> g_sized;
+// (never destroyed: a tensor may be freed after static destructors ran, at exit)
+auto& g_order = *new std::list<Entry>();  // oldest first
+auto& g_sized = *new std::unordered_map<size_t, std::vector<std::list<Entry>::iterator>>();
 int64_t g_bytes = 0, g_high = 0, g_hits = 0, g_misses = 0;
 bool g_on = false;
 
