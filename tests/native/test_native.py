@@ -506,6 +506,45 @@ def test_freed_cpu_blocks_are_kept_for_their_size_within_the_peak_in_use_and_giv
     assert ext.cpu_blocks_kept()[0] == 0
 
 
+def test_cpu_blocks_asked_for_and_freed_on_four_threads_at_once_are_all_counted_back():
+    """Blocks may be freed on any thread (NOTE [ Native front end ] 7): four threads allocating and freeing
+    blocks of repeating sizes at once leave the allocator's count where it was, and every kept block reusable."""
+    import random
+    import threading
+
+    ext = native.load()
+    gc.collect()
+    native.enable()
+    base = ext.cpu_blocks_usage()[0]
+    errors = []
+
+    def work(seed: int) -> None:
+        rng, live = random.Random(seed), []
+        try:
+            for _ in range(3000):
+                if live and rng.random() < 0.5:
+                    live.pop(rng.randrange(len(live)))
+                else:
+                    live.append(torch.empty(rng.choice([1 << 10, 1 << 12, 3 << 12, 1 << 15])))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert ext.cpu_blocks_usage()[0] == base
+    kept, hits, _ = ext.cpu_blocks_kept()
+    assert kept > 0 and hits > 1000
+    again = [torch.empty(1 << 15) for _ in range(4)]  # served from what was kept
+    assert ext.cpu_blocks_kept()[1] >= hits + 1
+    del again
+    native.disable()
+    assert ext.cpu_blocks_kept()[0] == 0
+
+
 def test_at_no_budget_ops_that_make_no_memory_are_queued_and_the_core_counts_as_without_the_queue():
     # front.cpp rule 7: views, detach and t wait in the kernel for the next call into the core, which tells them
     # first; the core's counts (ops, the floor, the peak) are those of a budget far above the peak (no queue), and
