@@ -474,7 +474,7 @@ def test_freed_cpu_blocks_are_kept_for_their_size_within_the_peak_in_use_and_giv
     native.enable()
     n = 1 << 20  # 4 MiB of float32
     a = torch.empty(n)
-    where, (kept, hits, _) = a.data_ptr(), ext.cpu_blocks_kept()
+    where, (kept, hits, _, _) = a.data_ptr(), ext.cpu_blocks_kept()
     del a
     assert ext.cpu_blocks_kept()[0] == kept + 4 * n
     b = torch.empty(n)
@@ -498,7 +498,9 @@ def test_freed_cpu_blocks_are_kept_for_their_size_within_the_peak_in_use_and_giv
             live.append(torch.empty(rng.choice([1 << 12, 1 << 15, 3 << 14, rng.randrange(1 << 10, 1 << 17)])))
         now = ext.cpu_blocks_usage()[0]
         high = max(high, now)
-        assert ext.cpu_blocks_kept()[0] + now <= high
+        kept, _, _, sizes = ext.cpu_blocks_kept()
+        assert kept + now <= high
+        assert sizes <= kept // 4096  # a size whose blocks all went leaves no record behind
     assert ext.cpu_blocks_kept()[1] > hits + 50
     native.disable()
     assert ext.cpu_blocks_kept()[0] == 0
@@ -536,7 +538,7 @@ def test_cpu_blocks_asked_for_and_freed_on_four_threads_at_once_are_all_counted_
         t.join()
     assert not errors
     assert ext.cpu_blocks_usage()[0] == base
-    kept, hits, _ = ext.cpu_blocks_kept()
+    kept, hits, _, _ = ext.cpu_blocks_kept()
     assert kept > 0 and hits > 1000
     again = [torch.empty(1 << 15) for _ in range(4)]  # served from what was kept
     assert ext.cpu_blocks_kept()[1] >= hits + 1

@@ -344,6 +344,7 @@ void* take(size_t n) {  // a kept block of exactly n bytes, or null
   }
   auto e = it->second.back();
   it->second.pop_back();
+  if (it->second.empty()) g_sized.erase(it);  // (sizes that never repeat leave no entries behind)
   void* raw = e->raw;
   g_order.erase(e);
   g_bytes -= static_cast<int64_t>(n);
@@ -357,8 +358,10 @@ void room(int64_t now, size_t n) {  // before a new block: the oldest kept go un
   g_high = std::max(g_high, want);
   while (g_bytes > 0 && want + g_bytes > g_high) {
     Entry e = g_order.front();
-    auto& v = g_sized[e.n];
+    auto it = g_sized.find(e.n);
+    auto& v = it->second;
     v.erase(std::find(v.begin(), v.end(), g_order.begin()));
+    if (v.empty()) g_sized.erase(it);
     g_order.pop_front();
     g_bytes -= static_cast<int64_t>(e.n);
     std::free(e.raw);
@@ -443,9 +446,10 @@ void cpu_blocks_capacity(int64_t n) { g_blocks_capacity.store(n); }  // -1: none
 // the kept blocks go back to the C library; the peak that bounds them starts again from what is in use
 void cpu_blocks_empty() { kept::empty(cpu_blocks_on(), g_blocks_now.load()); }
 
-std::tuple<int64_t, int64_t, int64_t> cpu_blocks_kept() {  // bytes kept, hits and misses of blocks kept
+// bytes kept, hits and misses of blocks kept, and the sizes that have blocks kept
+std::tuple<int64_t, int64_t, int64_t, int64_t> cpu_blocks_kept() {
   std::lock_guard<std::mutex> g(kept::g_mutex);
-  return {kept::g_bytes, kept::g_hits, kept::g_misses};
+  return {kept::g_bytes, kept::g_hits, kept::g_misses, static_cast<int64_t>(kept::g_sized.size())};
 }
 
 void cpu_blocks(bool on) {
