@@ -466,7 +466,7 @@ def test_while_enabled_a_freed_cpu_blocks_hole_takes_its_successor():
 def test_freed_cpu_blocks_are_kept_for_their_size_within_the_peak_in_use_and_given_back():
     """NOTE [ Native front end ] 7: a freed block of 4 KiB or more serves the next block of its size (no fresh
     pages to fault in); the kept and the used never pass the most used at once since enable() or set_budget();
-    set_budget() and disable() give the kept blocks back."""
+    set_budget(), empty_cache() and disable() give the kept blocks back."""
     import random
 
     ext = native.load()
@@ -502,9 +502,13 @@ def test_freed_cpu_blocks_are_kept_for_their_size_within_the_peak_in_use_and_giv
         assert kept + now <= high
         assert sizes <= kept // 4096  # a size whose blocks all went leaves no record behind
     assert ext.cpu_blocks_kept()[1] > hits + 50
+    survivors, live = live[:3], []  # the others freed: kept
+    kept = ext.cpu_blocks_kept()[0]
+    assert len(survivors) == 3 and kept > 0
+    assert native.empty_cache() == kept and ext.cpu_blocks_kept()[0] == 0
     native.disable()
     assert ext.cpu_blocks_kept()[0] == 0
-    live.clear()  # freed after disable(): straight back to the C library
+    survivors.clear()  # freed after disable(): straight back to the C library
     assert ext.cpu_blocks_kept()[0] == 0
 
 

@@ -50,9 +50,10 @@
 #    of the bench's LSTM loop grew to 1.96 GiB for 0.35 GiB in use; with `Blocks`, 0.34 GiB (docs/native.md).
 #    Tensors keep their allocator after ``disable()``. CPU memory profiling does not see these blocks.
 #    Freed blocks of 4 KiB or more are kept for the next block of their size, the kept and the used together never
-#    more than the most used at once since ``enable()`` or the last ``set_budget()``: without it the C library
-#    handed large blocks back to the kernel and every step faulted their pages in again (the small GPT-2: about
-#    1,100 page faults and 2 ms of a 13 ms step; plain PyTorch a few hundred).
+#    more than the most used at once since ``enable()`` or the last ``set_budget()`` or ``empty_cache()`` (which
+#    give them back): without it the C library handed large blocks back to the kernel and every step faulted their
+#    pages in again (the small GPT-2: about 1,100 page faults and 2 ms of a 13 ms step; plain PyTorch a few
+#    hundred).
 # 8. Device memory (NOTE [ Device memory ] 1-3 and 8, as the Python front end): on CUDA the budget bounds the bytes
 #    PyTorch's allocator has handed out, whoever asked for them. The core learns what it does not track
 #    (``outside``: optimizer state, workspaces, tensors made before enabling) from ``device.usage()`` every 64
@@ -283,6 +284,16 @@ def set_budget(budget: int | str | None) -> None:
     s.ext.set_budget(-1 if nbytes is None else nbytes)
     if nbytes is not None:
         s.rt.reserve(0, "set_budget")
+
+
+def empty_cache() -> int:
+    """Give the CPU blocks kept for reuse back to the C library (NOTE [ Native front end ] 7), as
+    ``torch.cuda.empty_cache`` does for CUDA's; returns the bytes given back. ``set_budget`` and ``disable`` do it
+    too."""
+    ext = load()
+    kept = int(ext.cpu_blocks_kept()[0])
+    ext.cpu_blocks_empty()
+    return kept
 
 
 def is_managed(t: Any) -> bool:
