@@ -335,37 +335,34 @@ auto& g_sized = *new std::unordered_map<size_t, std::vector<std::list<Entry>::it
 int64_t g_bytes = 0, g_high = 0, g_hits = 0, g_misses = 0;
 bool g_on = false;
 
-void* take(size_t n) {  // a kept block of exactly n bytes, or null
+// a kept block of exactly n bytes; or null, the oldest kept having gone until in use (`now`) + n + kept fit the peak
+void* take(size_t n, int64_t now) {
   std::lock_guard<std::mutex> g(g_mutex);
-  auto it = g_sized.find(n);
-  if (!g_on || it == g_sized.end() || it->second.empty()) {
-    ++g_misses;
-    return nullptr;
+  auto it = g_on ? g_sized.find(n) : g_sized.end();
+  if (it != g_sized.end()) {  // (a size's entry goes with its last block: sizes that never repeat leave none)
+    auto e = it->second.back();
+    it->second.pop_back();
+    if (it->second.empty()) g_sized.erase(it);
+    void* raw = e->raw;
+    g_order.erase(e);
+    g_bytes -= static_cast<int64_t>(n);
+    ++g_hits;
+    return raw;
   }
-  auto e = it->second.back();
-  it->second.pop_back();
-  if (it->second.empty()) g_sized.erase(it);  // (sizes that never repeat leave no entries behind)
-  void* raw = e->raw;
-  g_order.erase(e);
-  g_bytes -= static_cast<int64_t>(n);
-  ++g_hits;
-  return raw;
-}
-
-void room(int64_t now, size_t n) {  // before a new block: the oldest kept go until in use + kept fit the peak
-  std::lock_guard<std::mutex> g(g_mutex);
+  ++g_misses;
   const int64_t want = now + static_cast<int64_t>(n);
   g_high = std::max(g_high, want);
   while (g_bytes > 0 && want + g_bytes > g_high) {
     Entry e = g_order.front();
-    auto it = g_sized.find(e.n);
-    auto& v = it->second;
+    auto at = g_sized.find(e.n);
+    auto& v = at->second;
     v.erase(std::find(v.begin(), v.end(), g_order.begin()));
-    if (v.empty()) g_sized.erase(it);
+    if (v.empty()) g_sized.erase(at);
     g_order.pop_front();
     g_bytes -= static_cast<int64_t>(e.n);
     std::free(e.raw);
   }
+  return nullptr;
 }
 
 bool keep(void* raw, size_t n) {
@@ -407,9 +404,8 @@ struct Blocks final : c10::Allocator {
                     static_cast<double>(n) / (1 << 20), static_cast<long long>(cap));
       TORCH_CHECK_WITH(OutOfMemoryError, false, what);
     }
-    void* raw = n >= kept::kLeast ? kept::take(n) : nullptr;
+    void* raw = n >= kept::kLeast ? kept::take(n, g_blocks_now.load(std::memory_order_relaxed)) : nullptr;
     if (!raw) {
-      if (n >= kept::kLeast) kept::room(g_blocks_now.load(std::memory_order_relaxed), n);
       raw = std::malloc(n + kAlign + kHead);
       if (!raw) {  // the kept blocks go back first
         kept::empty(kept::g_on, g_blocks_now.load());
