@@ -111,6 +111,8 @@ def main() -> int:
     ap.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.3], help="swap-lstm: budgets, of plain's peak")
     ap.add_argument("--streams", action="store_true", help="swap-lstm: copies out on the compute stream too, "
                     "instead of recomputing only")
+    ap.add_argument("--models", nargs="+", default=None,
+                    help="native-targets: only these workloads (gpt2-small gpt2 lstm resnet50)")
     ap.add_argument("--native-only", action="store_true", help="native: plain and the compiled front end only")
     ap.add_argument("--render", nargs="+", default=None,
                     help="write docs/benchmarks-cuda.md from saved gpu-session.json files, in order")
@@ -182,7 +184,7 @@ def main() -> int:
     if a.plan == "native-feasible":
         return native_feasible(run, save, t_start, res)
     if a.plan == "native-targets":
-        return native_targets(run, save, out, t_start, res)
+        return native_targets(run, save, out, t_start, res, a.models)
     # 1. GPT-2 small: the budgets and checkpointing (the GPU issue's figures)
     plain = run("gpt2-small", {"kind": "plain", "label": "plain PyTorch"})
     if plain and "max_allocated" in plain and "error" not in plain:
@@ -367,7 +369,7 @@ def native_feasible(run: Any, save: Any, t_start: float, res: dict) -> int:
     return 0
 
 
-def native_targets(run: Any, save: Any, out: Path, t_start: float, res: dict) -> int:
+def native_targets(run: Any, save: Any, out: Path, t_start: float, res: dict, models: Any = None) -> int:
     """The per-op targets again, after the Feed: per model plain, a do-nothing mode and the native front end at no
     budget with both cores; GPT-2 small at 50% and the LSTM loop at 65% (its overshoot on the allocator, NOTE
     [ Device memory ] 8) with the compiled core; ResNet-50 profiled last (its host time per op). The two builds run
@@ -376,7 +378,7 @@ def native_targets(run: Any, save: Any, out: Path, t_start: float, res: dict) ->
 
     from torch_dtr.core.compiled import CompiledCoreUnavailable, build
 
-    res["command"] = res["command"] + " --plan native-targets"
+    res["command"] = res["command"] + " --plan native-targets" + (f" --models {' '.join(models)}" if models else "")
     got: dict[str, Any] = {}
 
     def build_core() -> None:
@@ -398,6 +400,8 @@ def native_targets(run: Any, save: Any, out: Path, t_start: float, res: dict) ->
         return 1
     cores: tuple[dict, ...] = ({"core": "compiled"}, {}) if "core_s" in got else ({},)
     for name, steps in (("gpt2-small", 3), ("gpt2", 5), ("lstm", 3), ("resnet50", 5)):
+        if models and name not in models:
+            continue
         p = run(name, {"kind": "plain", "label": "plain PyTorch"}, steps=steps)
         if p is None or "error" in p:
             continue
@@ -412,6 +416,9 @@ def native_targets(run: Any, save: Any, out: Path, t_start: float, res: dict) ->
             run(name, {"kind": "native", "budget": int(p["max_allocated"] * 0.65), "swap": True,
                        "label": "torch-dtr native + host copies 65%" + (", compiled core" if cores[0] else "")}
                 | cores[0], steps=steps)
+    if models and "resnet50" not in models:
+        save()
+        return 0
     run("resnet50", {"kind": "native", "budget": None, "profile": str(out / "profile-resnet50.txt"),
                      "label": "torch-dtr native, no budget (profiled: time inflated)"} | cores[0], steps=5)
     save()
