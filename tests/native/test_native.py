@@ -297,12 +297,17 @@ def test_the_device_bench_worker_runs_the_native_contender_bitwise():
     assert nat["ops"] > 100
 
 
-@pytest.mark.xfail(strict=True, reason="known: a step that raised leaves the kernel marked stepping (the post-hook "
-                   "never runs); ending the mark at the next op under grad mode would also end it inside a step "
-                   "that runs a closure (SGD.step(closure)), whose updates would then be managed")
-def test_after_an_optimizer_step_that_raised_inference_is_managed_again_once_a_grad_op_runs():
-    """An optimizer's step hooks mark the kernel stepping (its updates stay plain); when the step raises, the
-    post-hook never runs, and inference under no_grad stays unmanaged until the next step ends."""
+def _managed(front: str, t: torch.Tensor) -> bool:
+    from torch_dtr.eager.tensor import DTRTensor
+
+    return native.is_managed(t) if front == "native" else isinstance(t, DTRTensor)
+
+
+@pytest.mark.parametrize("front", list(FRONTS))
+def test_after_an_optimizer_step_that_raised_inference_is_managed_again_once_a_grad_op_runs(front):
+    """An optimizer's step hooks mark the front end stepping (its updates stay plain); a step that raises never
+    runs its post-hook. A step without a closure runs no op under grad mode, so the next one ends the mark
+    (NOTE [ Managed vs constant ] 5): inference after the training step that follows is managed again."""
 
     class Boom(torch.optim.SGD):
         def step(self, closure=None):  # type: ignore[override]
@@ -311,16 +316,65 @@ def test_after_an_optimizer_step_that_raised_inference_is_managed_again_once_a_g
     torch.manual_seed(0)
     m = torch.nn.Linear(16, 16)
     x = torch.randn(4, 16)
-    native.enable()
+    enable, disable, _ = FRONTS[front]
+    enable()
     try:
         with pytest.raises(RuntimeError, match="boom"):
             Boom(m.parameters(), lr=0.1).step()
+        with torch.no_grad():
+            assert not _managed(front, m(x))  # still marked: no op under grad mode ran since
         m(x).sum().backward()  # a training step goes on
         with torch.no_grad():
             y = m(x)
-        assert native.is_managed(y)
+        assert _managed(front, y)
     finally:
-        native.disable()
+        disable()
+
+
+@pytest.mark.parametrize("front", list(FRONTS))
+def test_a_step_with_a_closure_keeps_its_updates_plain_and_one_that_raised_ends_at_the_next_step(front):
+    """A closure runs the forward and backward under grad mode inside the step: the mark stays through it, so
+    the momentum buffers the update makes after it stay plain, and the parameters equal plain PyTorch's. A
+    closure step that raised leaves inference unmanaged until the next step ends (the documented limit)."""
+    def train(steps: int) -> tuple[torch.nn.Linear, torch.optim.SGD]:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(16, 16)
+        x = torch.randn(4, 16)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def closure():
+            opt.zero_grad()
+            loss = m(x).square().sum()
+            loss.backward()
+            return loss
+
+        for _ in range(steps):
+            opt.step(closure)
+        return m, opt
+
+    ref, _ = train(3)
+    enable, disable, _ = FRONTS[front]
+    enable()
+    try:
+        m, opt = train(3)
+        bufs = [opt.state[p]["momentum_buffer"] for p in m.parameters()]
+        assert not any(_managed(front, b) for b in bufs)
+        assert all(torch.equal(a, b) for a, b in zip(m.parameters(), ref.parameters(), strict=True))
+
+        def bad():
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            opt.step(bad)
+        x = torch.randn(4, 16)
+        m(x).sum().backward()
+        with torch.no_grad():
+            assert not _managed(front, m(x))  # a closure's step may run grad ops: the mark stays
+        opt.step()
+        with torch.no_grad():
+            assert _managed(front, m(x))
+    finally:
+        disable()
 
 
 def test_inference_is_managed_as_the_python_front_end_does_at_80_and_60():

@@ -47,7 +47,10 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 #    (counted), as do gradients read by no-grad code between steps (``clip_grad_norm_``, a GradScaler's
 #    checks). Not inside ``optimizer.step()`` (``Front.stepping``, set by optimizer step hooks): an
 #    optimizer's state and updates stay plain. The same with or without a budget, so that an unbudgeted
-#    run's peak counts what a budgeted one counts.
+#    run's peak counts what a budgeted one counts. A step that raises never runs its post-hooks: a step
+#    called without a closure cannot run ops under grad mode (unless its optimizer is ``differentiable``,
+#    whose updates run under grad mode anyway), so the first op under grad mode ends it (``step_level``); a
+#    step with a closure that raised leaves inference unmanaged until the next step ends.
 # 6. A managed value that becomes a parameter (``nn.Parameter(t)``) or a buffer (``register_buffer``) while
 #    enabled, as weight norm's parametrization makes them under no_grad, becomes its plain value (pinned):
 #    parameters and buffers are constants. ``enable()`` wraps both for the session.
@@ -144,6 +147,13 @@ def _on_device(dev: Device, refs: list[Ref], consts: list[torch.Tensor]) -> bool
 DEFAULT_BANISH_DEPTH = 2
 
 
+
+def step_level(args: tuple, kwargs: dict) -> int:
+    """What an optimizer step pre-hook's arguments say (NOTE [ Managed vs constant ] 5): 1 a step without a
+    closure, 2 one with (whose closure runs ops under grad mode inside the step)."""
+    closure = args[1] if len(args) > 1 else kwargs.get("closure")
+    return 1 if closure is None else 2
+
 class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
 
@@ -186,7 +196,7 @@ class Front:
         self.expandable_was: bool | None = None  # the device's setting before enable() switched it (api)
         self.warned_compile = False  # NOTE [ Compiled regions ] 2
         self.warned_func = False  # NOTE [ Compiled regions ] 3
-        self.stepping = False  # inside an optimizer's step() (NOTE [ Managed vs constant ] 5)
+        self.stepping = 0  # inside an optimizer's step(): step_level's (NOTE [ Managed vs constant ] 5)
         self.closed = False  # disable() ended the session: values are read without a budget
         self._step_hooks = (register_optimizer_step_pre_hook(self._step_begins),
                             register_optimizer_step_post_hook(self._step_ends))
@@ -749,11 +759,11 @@ class Front:
             t.rt.tier.pool = self.rt.tier.pool  # type: ignore[union-attr]
         return t
 
-    def _step_begins(self, *_: Any) -> None:
-        self.stepping = True
+    def _step_begins(self, _opt: Any, args: tuple, kwargs: dict) -> None:
+        self.stepping = step_level(args, kwargs)
 
     def _step_ends(self, *_: Any) -> None:
-        self.stepping = False
+        self.stepping = 0
 
     def close(self) -> None:
         self.closed = True
@@ -794,6 +804,8 @@ class _Mode(TorchDispatchMode):
 
     def _dispatch(self, func: Any, args: tuple, kwargs: dict, k: int) -> Any:
         if k & _MANAGED or (k & _GRAD and torch.is_grad_enabled()):
+            if self.front.stepping == 1 and torch.is_grad_enabled():
+                self.front.stepping = 0  # a step without a closure raised (NOTE [ Managed vs constant ] 5)
             return self.front.run(func, args, kwargs)
         front = self.front
         # NOTE [ Managed vs constant ] 5: inference

@@ -213,8 +213,10 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     _SESSION = s
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    from ..eager.front import step_level
+
     # inside an optimizer's step() its updates stay plain (NOTE [ Managed vs constant ] 5)
-    s.hooks = (register_optimizer_step_pre_hook(lambda *_: ext.set_stepping(True)),
+    s.hooks = (register_optimizer_step_pre_hook(lambda _o, args, kwargs: ext.set_stepping(step_level(args, kwargs))),
                register_optimizer_step_post_hook(lambda *_: s.stepped()))
     ext.start(s, -1 if nbytes is None else nbytes)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
@@ -252,7 +254,7 @@ def disable() -> None:
     for h in s.hooks:
         h.remove()
     s.unhook()
-    s.ext.set_stepping(False)
+    s.ext.set_stepping(0)
     s.rt.set_budget(None)
 
 

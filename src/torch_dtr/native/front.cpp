@@ -162,7 +162,9 @@ int64_t g_room = -1;
 int g_count_plain = 0;
 std::atomic<int64_t> g_plain_bytes{0};
 int64_t take_plain() { return g_count_plain ? g_plain_bytes.exchange(0) : 0; }
-bool g_stepping = false;  // inside an optimizer's step(): its updates stay plain (NOTE [ Managed vs constant ] 5)
+// inside an optimizer's step(), its updates stay plain (NOTE [ Managed vs constant ] 5): 0 no, 1 a step without a
+// closure (the first managed op under grad mode ends it: the step raised), 2 one with a closure
+std::atomic<int> g_stepping{0};
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0, g_queued = 0;
 
 // the queued ops that made no memory, for the next call into the core (rule 7); None when there are none
@@ -1613,8 +1615,8 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   // NOTE [ Managed vs constant ] 5: with grad mode off (outside an optimizer's step), an op that makes new
   // tensors from strided tensors is managed too, so that what inference holds counts and can be evicted
   bool infer = false;
-  if (!tagged && !at::GradMode::is_enabled() && !g_stepping && g_py->active && f.fresh && !f.writes &&
-      f.replayable && !f.nested) {
+  if (!tagged && !at::GradMode::is_enabled() && g_stepping.load(std::memory_order_relaxed) == 0 && g_py->active &&
+      f.fresh && !f.writes && f.replayable && !f.nested) {
     bool strided = false, nested = false;
     for (size_t i = start; i < stack->size(); ++i)
       each_tensor((*stack)[i], [&](const at::Tensor& t) {
@@ -1641,6 +1643,8 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
     run_below(op, below, stack);
     return;
   }
+  if (g_stepping.load(std::memory_order_relaxed) == 1 && at::GradMode::is_enabled())
+    g_stepping.store(0, std::memory_order_relaxed);  // a step without a closure raised (NOTE [ Managed vs constant ] 5)
   managed(op, f, below, stack, start);
 }
 
@@ -1728,7 +1732,7 @@ void set_budget(int64_t b) {
   g_room = -1;
 }
 void forget_room() { g_room = -1; }
-void set_stepping(bool on) { g_stepping = on; }
+void set_stepping(int level) { g_stepping.store(level, std::memory_order_relaxed); }
 void set_retry(bool on) { g_py->retry = on; }
 void set_count_plain(int64_t device) {
   g_count_plain = static_cast<int>(device);

@@ -78,7 +78,7 @@ class Session:
     def stepped(self) -> None:
         """An optimizer's step ended: its plain updates may have allocated (its state, on the first step)."""
         self.flush()
-        self.ext.set_stepping(False)
+        self.ext.set_stepping(0)
         if self.dev is not None and self.rt.budget is not None:
             self.rt.sync()
             self.ext.forget_room()
