@@ -5,7 +5,7 @@ every contender alike, and the ratios stay comparable. The core is chosen at imp
 ``TORCH_DTR_CORE=compiled`` for the compiled one (run the script once per core).
 
     PYTHONPATH=src python benchmarks/experiments/native/interleaved.py [cpu|cuda] WORKLOAD [WORKLOAD ...]
-        [--size full|quick] [--rounds 5] [--steps 3]
+        [--size full|quick] [--rounds 5] [--steps 3] [--threads N]
 
 Prints a table per workload; with ``OUT`` set, writes OUT/interleaved-DEVICE-CORE.json.
 """
@@ -91,10 +91,14 @@ def main() -> int:
         return default
 
     size_name, rounds, steps = opt("--size", "full"), int(opt("--rounds", "5")), int(opt("--steps", "3"))
+    threads = int(opt("--threads", "0"))
+    if threads:
+        torch.set_num_threads(threads)
     device = args[0] if args else "cpu"
     names = args[1:] or ["gpt2", "lstm", "resnet50"]
     core = "compiled" if is_compiled() else "interpreted"
-    print(f"{device}, {core} core, {size_name} sizes, {rounds} rounds of {steps} steps per contender", flush=True)
+    print(f"{device}, {core} core, {size_name} sizes, {rounds} rounds of {steps} steps per contender, "
+          f"{torch.get_num_threads()} intra-op threads", flush=True)
     out = []
     for name in names:
         print(f"{name}:", flush=True)
