@@ -147,12 +147,12 @@ def _on_device(dev: Device, refs: list[Ref], consts: list[torch.Tensor]) -> bool
 DEFAULT_BANISH_DEPTH = 2
 
 
-
 def step_level(args: tuple, kwargs: dict) -> int:
     """What an optimizer step pre-hook's arguments say (NOTE [ Managed vs constant ] 5): 1 a step without a
     closure, 2 one with (whose closure runs ops under grad mode inside the step)."""
     closure = args[1] if len(args) > 1 else kwargs.get("closure")
     return 1 if closure is None else 2
+
 
 class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
