@@ -1,0 +1,179 @@
+"""Training programs people write that the native front end's other tests do not run: an optimizer that calls
+its closure many times (LBFGS), activation checkpointing inside a managed model, a gradient penalty (double
+backward), two backwards through one graph, fused and foreach optimizers, mixed precision with a gradient scaler,
+and inference mode. Each runs whole (model built, trained, read back) under each front end with no budget and at
+60% of its own peak with no budget, and must give plain PyTorch's values bit for bit; at 60% the budget must
+hold and evictions must have happened (so the recomputations were exercised, not skipped)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import torch_dtr
+from torch_dtr import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native front end does not build here")
+
+
+def _mlp(width: int = 64, depth: int = 12) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+
+
+def _data(n: int = 1024, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g)
+
+
+def lbfgs() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=4, history_size=3)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        return loss
+
+    losses = [opt.step(closure).detach().clone() for _ in range(2)]
+    return losses + [p.detach().clone() for p in m.parameters()]
+
+
+def checkpointed() -> list[torch.Tensor]:
+    blocks = torch.nn.ModuleList(_mlp(64, 2) for _ in range(3))
+    head = torch.nn.Linear(1, 1)
+    x, y = _data()
+    params = [*blocks.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(2):
+        h = x
+        for b in blocks:
+            h = checkpoint(lambda t, b=b: b(t).expand(-1, 64).sin(), h, use_reentrant=False)
+        loss = F.mse_loss(head(h[:, :1]), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().clone())
+    return losses + [p.detach().clone() for p in params]
+
+
+def gradient_penalty() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    out = []
+    for _ in range(2):
+        xi = x.clone().requires_grad_(True)
+        loss = F.mse_loss(m(xi), y)
+        (gx,) = torch.autograd.grad(loss, xi, create_graph=True)
+        total = loss + gx.pow(2).sum()
+        total.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(total.detach().clone())
+    return out + [p.detach().clone() for p in m.parameters()]
+
+
+def two_backwards() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    h = m[:6](x)
+    a = h.pow(2).mean()
+    b = F.mse_loss(m[6:](h), y)
+    a.backward(retain_graph=True)
+    first = [p.grad.clone() for p in m.parameters() if p.grad is not None]
+    b.backward()
+    return first + [p.grad.clone() for p in m.parameters()] + [a.detach().clone(), b.detach().clone()]
+
+
+def _adam(**kw) -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, **kw)
+    losses = []
+    for _ in range(3):
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().clone())
+    state = [v.clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    return losses + [p.detach().clone() for p in m.parameters()] + state
+
+
+def fused_adam() -> list[torch.Tensor]:
+    return _adam(fused=True)
+
+
+def foreach_adam() -> list[torch.Tensor]:
+    return _adam(foreach=True)
+
+
+def scaled_bf16() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    losses = []
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.mse_loss(m(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().clone())
+    return losses + [p.detach().clone() for p in m.parameters()] + [torch.tensor(scaler.get_scale())]
+
+
+def inference_mode() -> list[torch.Tensor]:
+    m, (x, _) = _mlp(), _data()
+    m.eval()
+    outs = []
+    with torch.inference_mode():
+        h = x
+        for _ in range(8):  # a loop that keeps every step's output, as a decoder keeps its cache
+            h = torch.cat([h[:, 1:], m(h)], dim=1).tanh()
+            outs.append(h)
+        total = sum(o.sum(dim=0) for o in outs)
+    return [o.clone() for o in outs] + [total]
+
+
+PROGRAMS = {f.__name__: f for f in (lbfgs, checkpointed, gradient_penalty, two_backwards, fused_adam,
+                                    foreach_adam, scaled_bf16, inference_mode)}
+
+
+FRONTS = {"native": (native.enable, native.disable, native.stats),
+          "python": (torch_dtr.enable, torch_dtr.disable, lambda: dataclasses.asdict(torch_dtr.stats()))}
+
+
+def _run(front, program, budget=None) -> tuple[list[torch.Tensor], dict]:
+    enable, disable, stats = FRONTS[front]
+    torch.manual_seed(0)
+    enable(budget)
+    try:
+        out = program()
+        return out, stats()
+    finally:
+        disable()
+
+
+@pytest.mark.parametrize("front", sorted(FRONTS))
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_hostile_program_is_bitwise_plain_at_none_and_60(name, front):
+    program = PROGRAMS[name]
+    torch.manual_seed(0)
+    ref = program()
+    free, st = _run(front, program)
+    assert all(torch.equal(a, b) for a, b in zip(free, ref, strict=True)), f"{name}: differs at no budget"
+    budget = int(st["peak_bytes"] * 0.6)
+    got, st = _run(front, program, budget)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True)), f"{name}: differs at 60% ({budget} B)"
+    assert st["peak_bytes"] <= budget, f"{name}: peak {st['peak_bytes']} B over the budget {budget} B"
+    assert st["evictions"] > 0, f"{name}: nothing evicted at 60% ({budget} B): the test would not test recomputation"
