@@ -1,7 +1,8 @@
 """Training programs people write that the native front end's other tests do not run: an optimizer that calls
 its closure many times (LBFGS), activation checkpointing inside a managed model, a gradient penalty (double
 backward), two backwards through one graph, fused and foreach optimizers, mixed precision with a gradient scaler,
-and inference mode. Each runs whole (model built, trained, read back) under each front end with no budget and at
+inference mode, a custom autograd function with a gradient hook, gradient accumulation, attention with in-place
+writes into views. Each runs whole (model built, trained, read back) under each front end with no budget and at
 60% of its own peak with no budget, and must give plain PyTorch's values bit for bit; at 60% the budget must
 hold and evictions must have happened (so the recomputations were exercised, not skipped)."""
 
@@ -145,8 +146,77 @@ def inference_mode() -> list[torch.Tensor]:
     return [o.clone() for o in outs] + [total]
 
 
+class _Swish(torch.autograd.Function):  # saves its input and output for a backward of its own
+    @staticmethod
+    def forward(ctx, x):
+        y = x * torch.sigmoid(x)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return g * (y + s * (1 - y))
+
+
+def custom_function_and_hooks() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = []
+    for _ in range(2):
+        h = x
+        for i, layer in enumerate(m):
+            h = _Swish.apply(h) if isinstance(layer, torch.nn.Tanh) else layer(h)
+            if i == 3:
+                h.register_hook(lambda g: g.clamp(-1e-3, 1e-3))  # a hook that changes the gradient it is given
+        loss = F.mse_loss(h, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().clone())
+    return losses + [p.detach().clone() for p in m.parameters()]
+
+
+def accumulated() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(2):
+        for xs, ys in zip(x.chunk(4), y.chunk(4), strict=True):  # four micro-batches, one step
+            loss = F.mse_loss(m(xs), ys) / 4
+            loss.backward()
+            losses.append(loss.detach().clone())
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # gradients zeroed in place and kept
+    return losses + [p.detach().clone() for p in m.parameters()] + [p.grad.clone() for p in m.parameters()]
+
+
+def attention_and_views() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    proj = torch.nn.Linear(64, 192)
+    out = torch.nn.Linear(64, 64)
+    x = torch.randn(8, 128, 64, generator=g)
+    opt = torch.optim.Adam([*proj.parameters(), *out.parameters()], lr=1e-3)
+    losses = []
+    for _ in range(2):
+        h = x
+        for _ in range(4):
+            q, k, v = proj(h).view(8, 128, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(8, 128, 64)
+            h = out(a)
+            h[:, :, :8].mul_(0.5)  # an in-place write into a view of an activation
+        loss = h.pow(2).mean()
+        loss.backward(inputs=list(proj.parameters()))  # gradients for some leaves only
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().clone())
+    return losses + [p.detach().clone() for p in (*proj.parameters(), *out.parameters())]
+
+
 PROGRAMS = {f.__name__: f for f in (lbfgs, checkpointed, gradient_penalty, two_backwards, fused_adam,
-                                    foreach_adam, scaled_bf16, inference_mode)}
+                                    foreach_adam, scaled_bf16, inference_mode, custom_function_and_hooks,
+                                    accumulated, attention_and_views)}
 
 
 FRONTS = {"native": (native.enable, native.disable, native.stats),
