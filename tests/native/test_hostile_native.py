@@ -2,13 +2,16 @@
 its closure many times (LBFGS), activation checkpointing inside a managed model, a gradient penalty (double
 backward), two backwards through one graph, fused and foreach optimizers, mixed precision with a gradient scaler,
 inference mode, a custom autograd function with a gradient hook, gradient accumulation, attention with in-place
-writes into views. Each runs whole (model built, trained, read back) under each front end with no budget and at
-60% of its own peak with no budget, and must give plain PyTorch's values bit for bit; at 60% the budget must
-hold and evictions must have happened (so the recomputations were exercised, not skipped)."""
+writes into views, an averaged copy of the model and a checkpoint saved and loaded back mid-run. Each runs whole
+(model built, trained, read back) under each front end with no budget and at 60% of its own peak with no budget,
+and must give plain PyTorch's values bit for bit; at 60% the budget must hold and evictions must have happened
+(so the recomputations were exercised, not skipped)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import io
 
 import pytest
 import torch
@@ -214,9 +217,33 @@ def attention_and_views() -> list[torch.Tensor]:
     return losses + [p.detach().clone() for p in (*proj.parameters(), *out.parameters())]
 
 
+def ema_and_checkpoint_files() -> list[torch.Tensor]:
+    m, (x, y) = _mlp(), _data()
+    ema = copy.deepcopy(m)  # an averaged copy, made while enabled
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    for i in range(3):
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for pe, p in zip(ema.parameters(), m.parameters(), strict=True):
+                pe.mul_(0.9).add_(p, alpha=0.1)
+        if i == 1:  # saved and loaded back mid-run, as a checkpointing loop does
+            f = io.BytesIO()
+            torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "h": m[:4](x)}, f)
+            f.seek(0)
+            saved = torch.load(f)
+            m.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+    with torch.no_grad():
+        held = ema(x)
+    return [p.detach().clone() for p in (*m.parameters(), *ema.parameters())] + [held, saved["h"]]
+
+
 PROGRAMS = {f.__name__: f for f in (lbfgs, checkpointed, gradient_penalty, two_backwards, fused_adam,
                                     foreach_adam, scaled_bf16, inference_mode, custom_function_and_hooks,
-                                    accumulated, attention_and_views)}
+                                    accumulated, attention_and_views, ema_and_checkpoint_files)}
 
 
 FRONTS = {"native": (native.enable, native.disable, native.stats),
@@ -247,3 +274,54 @@ def test_hostile_program_is_bitwise_plain_at_none_and_60(name, front):
     assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True)), f"{name}: differs at 60% ({budget} B)"
     assert st["peak_bytes"] <= budget, f"{name}: peak {st['peak_bytes']} B over the budget {budget} B"
     assert st["evictions"] > 0, f"{name}: nothing evicted at 60% ({budget} B): the test would not test recomputation"
+
+
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_a_budget_shrunk_mid_step_from_80_to_50_and_lifted_keeps_plains_values(front):
+    """A budget changed while a step runs (another tenant arrived, then left): the tracked bytes drop under the
+    new budget at once (what the change evicts), the step goes on, and the values are plain's."""
+
+    def step(shrink, lift) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        m, (x, y) = _mlp(), _data()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        h = m[:12](x)
+        shrink()
+        loss = F.mse_loss(m[12:](h), y)
+        loss.backward()
+        lift()
+        opt.step()
+        return [loss.detach().clone()] + [p.detach().clone() for p in m.parameters()]
+
+    ref = step(lambda: None, lambda: None)
+    enable, disable, stats = FRONTS[front]
+    enable()
+    step(lambda: None, lambda: None)
+    peak = stats()["peak_bytes"]
+    disable()
+    seen = {}
+    scope = []
+
+    def shrink():
+        if front == "native":
+            native.set_budget(int(peak * 0.5))
+        else:
+            scope.append(torch_dtr.budget(int(peak * 0.5)))
+            scope[-1].__enter__()
+        seen["after"] = stats()["resident_bytes"]
+
+    def lift():
+        if front == "native":
+            native.set_budget(int(peak * 0.8))
+        else:
+            scope.pop().__exit__(None, None, None)
+
+    enable(int(peak * 0.8))
+    try:
+        got = step(shrink, lift)
+        st = stats()
+    finally:
+        disable()
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+    assert seen["after"] <= int(peak * 0.5), (seen, peak)
+    assert st["evictions"] > 0
