@@ -4,9 +4,10 @@ parallelism (``parallelize_module``, column- then row-wise). Prints one JSON lin
 digest of the rank's parameters (local shards) and torch-dtr's counters. Used by test_distributed.py, which
 runs it in a subprocess with a timeout (a hang fails).
 
-    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap [BUDGET_BYTES]
+    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap|native [BUDGET_BYTES]
 
-(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``.)
+(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``; ``native``: the compiled front end,
+``torch_dtr.native.enable``.)
 """
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH)
     out: dict = {"rank": rank}
-    if mode != "plain":
+    if mode == "native":
+        from torch_dtr import native
+
+        native.enable(budget)
+    elif mode != "plain":
         torch_dtr.enable(budget=budget, swap=mode == "dtr_swap")
     try:
         losses = []
@@ -82,7 +87,12 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     except Exception as e:  # reported, so that the test shows what failed on which rank
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
-        if mode != "plain":
+        if mode == "native":
+            ns = native.stats()
+            native.disable()
+            out |= {"evictions": ns["evictions"], "remats": ns["rematerializations"], "peak": ns["peak_bytes"],
+                    "floor": ns["floor_bytes"], "swaps_out": ns["swaps_out"] or 0, "swaps_in": ns["swaps_in"] or 0}
+        elif mode != "plain":
             st = torch_dtr.stats()
             torch_dtr.disable()
             out |= {"evictions": st.evictions, "remats": st.rematerializations, "peak": st.peak_bytes,

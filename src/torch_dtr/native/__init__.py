@@ -37,7 +37,10 @@
 #    told apart), learned sizes (meta kernels only); an op that writes more than one managed value pins them.
 #    Reads without an op (``numpy()``, DLPack, ``untyped_storage()``, ``data_ptr()``, ``tolist()``) bring the
 #    value back first, and pin it where the memory leaves PyTorch (NOTE [ Native exports ]); a C++ extension
-#    that reads ``data_ptr<T>()`` itself is not seen.
+#    that reads ``data_ptr<T>()`` itself is not seen. Under torch.distributed (DDP, FSDP2, tensor parallelism)
+#    c10d's collectives, which have PrivateUse1 kernels of their own, are taken by the kernel and run below the
+#    bit, never replayed (front.cpp, ``claim``); FSDP2's reshards are told to the core before they free the
+#    unsharded parameters, as the Python front end tells its own (NOTE [ Resharded parameters ]).
 # 6. The host tier (``enable(swap=True)``; NOTE [ Swapping ], NOTE [ Host copies ]): the core chooses, as with
 #    the Python front end, and its tier (native/swap.py) moves a victim's bytes out of its slot into a plain
 #    tensor (``Value.take``), copies them to host memory as the Python front end's tier does, and copies them back
@@ -213,11 +216,13 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     _SESSION = s
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    from ..eager import fsdp
     from ..eager.front import step_level
 
     # inside an optimizer's step() its updates stay plain (NOTE [ Managed vs constant ] 5)
     s.hooks = (register_optimizer_step_pre_hook(lambda _o, args, kwargs: ext.set_stepping(step_level(args, kwargs))),
                register_optimizer_step_post_hook(lambda *_: s.stepped()))
+    s.unwrap_fsdp = fsdp.wrap(lambda: s if s.active else None)  # NOTE [ Resharded parameters ]
     ext.start(s, -1 if nbytes is None else nbytes)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
@@ -253,6 +258,7 @@ def disable() -> None:
     thaw_gc(s.froze)
     for h in s.hooks:
         h.remove()
+    s.unwrap_fsdp()
     s.unhook()
     s.ext.set_stepping(0)
     s.rt.set_budget(None)

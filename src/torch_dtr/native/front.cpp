@@ -1648,7 +1648,7 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   managed(op, f, below, stack, start);
 }
 
-std::unique_ptr<torch::Library> g_lib, g_other;
+std::unique_ptr<torch::Library> g_lib, g_other, g_c10d;
 
 // Every aten op gets the kernel for PrivateUse1 (composite kernels registered for all backends would otherwise
 // run instead of a fallback), and for the other per-backend functionalities that the TLS bit also selects
@@ -1656,11 +1656,30 @@ std::unique_ptr<torch::Library> g_lib, g_other;
 // strided tensor is among their inputs.
 int64_t claim() {
   if (g_lib) return 0;
+  struct Quiet : c10::WarningHandler {  // c10d's kernels replaced below: PyTorch warns of each override
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
                                            __LINE__);
   g_other = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
   int64_t n = 0;
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    // c10d's collectives have PrivateUse1 kernels of their own that look for a process group backend of that
+    // device type: with the thread's PrivateUse1 bit on they would run instead of the CPU or CUDA ones (DDP,
+    // FSDP2 and tensor parallelism failed with "No backend type associated with device type privateuseone").
+    // The kernel takes them (their outputs are never replayed: Facts.replayable) and runs them below the bit.
+    if (name.name.rfind("c10d::", 0) == 0) {
+      auto op = c10::Dispatcher::singleton().findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
+      if (!g_c10d)
+        g_c10d = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d", c10::DispatchKey::PrivateUse1,
+                                                  __FILE__, __LINE__);
+      std::string full = name.name.substr(6);
+      if (!name.overload_name.empty()) full += "." + name.overload_name;
+      g_c10d->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      continue;
+    }
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
     // an op decomposed above autograd stays decomposed, unless the backends have kernels of their own for it
@@ -1732,6 +1751,12 @@ void set_budget(int64_t b) {
   g_room = -1;
 }
 void forget_room() { g_room = -1; }
+// constants whose storages are about to be freed without an op (FSDP2's reshard, NOTE [ Resharded parameters ]):
+// forgotten, so that the next op that reads one again counts it again
+void forget_constants(const std::vector<intptr_t>& keys) {
+  Lock lock;
+  for (auto k : keys) g_seen.erase(reinterpret_cast<const c10::StorageImpl*>(k));
+}
 void set_stepping(int level) { g_stepping.store(level, std::memory_order_relaxed); }
 void set_retry(bool on) { g_py->retry = on; }
 void set_count_plain(int64_t device) {
@@ -1828,6 +1853,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget", &forget);
   m.def("set_budget", &set_budget);
   m.def("forget_room", &forget_room);
+  m.def("forget_constants", &forget_constants);
   m.def("set_stepping", &set_stepping);
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);

@@ -43,6 +43,7 @@ class Session:
         # removes them (``unhook``), or every session would leave a hook (and itself) on every parameter
         self.hooked: dict[int, tuple[weakref.ref, Any]] = {}
         self.warned_compile = False  # NOTE [ Native exports ] 5: said once
+        self.unwrap_fsdp: Any = lambda: None  # enable() wraps FSDP2's reshard (NOTE [ Resharded parameters ])
         # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
         # knows its layout (NOTE [ Device memory ] 4)
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
@@ -123,6 +124,15 @@ class Session:
         self.flush()
         if self.feed.written(keys, name):
             self.ext.forget_room()  # values brought back took room
+
+    def resharding(self, tensors: list[torch.Tensor]) -> None:
+        """FSDP2 is about to free these unsharded parameters' storages (NOTE [ Resharded parameters ]): the
+        recipes that read them are invalidated (what they computed that is still needed is brought back and
+        pinned), and the constants leave the count until an op reads them again."""
+        keys = [t.untyped_storage()._cdata for t in tensors]
+        self.written(keys, "FSDP's reshard")
+        self.ext.forget_constants(keys)
+        self.constants_died([(k, self.consts[k]) for k in keys if k in self.consts])
 
     def constants_died(self, gone: list[tuple[int, int]]) -> None:
         self.flush()
