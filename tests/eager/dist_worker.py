@@ -4,10 +4,10 @@ parallelism (``parallelize_module``, column- then row-wise). Prints one JSON lin
 digest of the rank's parameters (local shards) and torch-dtr's counters. Used by test_distributed.py, which
 runs it in a subprocess with a timeout (a hang fails).
 
-    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap|native [BUDGET_BYTES]
+    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap|native|native_swap [BUDGET_BYTES]
 
-(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``; ``native``: the compiled front end,
-``torch_dtr.native.enable``.)
+(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``; ``native``, ``native_swap``: the compiled
+front end, ``torch_dtr.native.enable``, without and with its host tier.)
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH)
     out: dict = {"rank": rank}
-    if mode == "native":
+    if mode in ("native", "native_swap"):
         from torch_dtr import native
 
-        native.enable(budget)
+        native.enable(budget, swap=mode == "native_swap")
     elif mode != "plain":
         torch_dtr.enable(budget=budget, swap=mode == "dtr_swap")
     try:
@@ -87,7 +87,7 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     except Exception as e:  # reported, so that the test shows what failed on which rank
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
-        if mode == "native":
+        if mode in ("native", "native_swap"):
             ns = native.stats()
             native.disable()
             out |= {"evictions": ns["evictions"], "remats": ns["rematerializations"], "peak": ns["peak_bytes"],

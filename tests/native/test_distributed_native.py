@@ -47,3 +47,18 @@ def test_native_is_bitwise_plain_on_every_rank_without_and_with_a_budget_between
         assert (a["losses"], a["digest"]) == (b["losses"], b["digest"]), (a, b)
     for r in ours:
         assert r["peak"] <= budget and r["evictions"] > 0, r
+
+
+@pytest.mark.parametrize("program", ("fsdp", "ddp"))
+def test_native_with_the_host_tier_trains_at_half_its_peak_bitwise_on_every_rank(program: str):
+    # as test_distributed.py's host-tier test: what FSDP2's reshards pin goes to host memory instead
+    plain = _run(program, "plain")
+    free = _run(program, "native_swap")
+    floor, peak = max(r["floor"] for r in free), min(r["peak"] for r in free)
+    budget = max(peak // 2, int(1.25 * floor))
+    assert budget < 0.55 * peak, (budget, floor, peak)
+    ours = _run(program, "native_swap", budget)
+    for a, b in zip(plain, ours, strict=True):
+        assert (a["losses"], a["digest"]) == (b["losses"], b["digest"]), (a, b)
+    for r in ours:
+        assert r["peak"] <= budget and r["evictions"] > 0 and r["swaps_out"] > 0 and r["swaps_in"] > 0, r
