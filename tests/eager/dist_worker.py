@@ -12,6 +12,7 @@ front end, ``torch_dtr.native.enable``, without and with its host tier.)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -69,12 +70,15 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH)
     out: dict = {"rank": rank}
+    front = None
     if mode in ("native", "native_swap"):
         from torch_dtr import native
 
-        native.enable(budget, swap=mode == "native_swap")
+        front = (native.enable, native.disable, native.stats)
     elif mode != "plain":
-        torch_dtr.enable(budget=budget, swap=mode == "dtr_swap")
+        front = (torch_dtr.enable, torch_dtr.disable, lambda: dataclasses.asdict(torch_dtr.stats()))
+    if front is not None:
+        front[0](budget, swap=mode.endswith("_swap"))
     try:
         losses = []
         for _ in range(STEPS):
@@ -87,16 +91,11 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     except Exception as e:  # reported, so that the test shows what failed on which rank
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
-        if mode in ("native", "native_swap"):
-            ns = native.stats()
-            native.disable()
-            out |= {"evictions": ns["evictions"], "remats": ns["rematerializations"], "peak": ns["peak_bytes"],
-                    "floor": ns["floor_bytes"], "swaps_out": ns["swaps_out"] or 0, "swaps_in": ns["swaps_in"] or 0}
-        elif mode != "plain":
-            st = torch_dtr.stats()
-            torch_dtr.disable()
-            out |= {"evictions": st.evictions, "remats": st.rematerializations, "peak": st.peak_bytes,
-                    "floor": st.floor_bytes, "swaps_out": st.swaps_out or 0, "swaps_in": st.swaps_in or 0}
+        if front is not None:
+            st = front[2]()
+            front[1]()
+            out |= {"evictions": st["evictions"], "remats": st["rematerializations"], "peak": st["peak_bytes"],
+                    "floor": st["floor_bytes"], "swaps_out": st["swaps_out"] or 0, "swaps_in": st["swaps_in"] or 0}
     h = hashlib.sha256()
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
