@@ -108,8 +108,15 @@ class Op:
         name: str = "",
         writes: Sequence[Storage] = (),
     ) -> None:
-        # distinct, in order
-        self.inputs: tuple[Storage, ...] = tuple(inputs) if len(inputs) < 2 else tuple(dict.fromkeys(inputs))
+        # distinct, in order (two, the most common count, without a dict)
+        n = len(inputs)
+        if n < 2:
+            self.inputs: tuple[Storage, ...] = tuple(inputs)
+        elif n == 2:
+            a, b = inputs[0], inputs[1]
+            self.inputs = (a, b) if a is not b else (a,)
+        else:
+            self.inputs = tuple(dict.fromkeys(inputs))
         self.outputs: list[Storage] = []
         self.cost = cost
         self.compute = compute

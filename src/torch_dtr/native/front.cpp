@@ -35,6 +35,7 @@
 #include <ATen/Context.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <sys/mman.h>
 #include <cstdio>
 #include <cstdlib>
@@ -1244,6 +1245,21 @@ void settle_all(torch::jit::Stack* stack, size_t start) {
   }
 }
 
+// a Python list made on its first item (most ops write nothing in place and read no new constant); empty, the
+// one shared empty list, which no callee changes
+py::list* g_empty = nullptr;
+struct Lazy {
+  py::object l;
+  size_t size() const { return l ? static_cast<size_t>(PyList_GET_SIZE(l.ptr())) : 0; }
+  bool empty() const { return !size(); }
+  void append(py::handle h) {
+    if (!l) l = py::list();
+    if (PyList_Append(l.ptr(), h.ptr())) throw py::error_already_set();
+  }
+  py::object operator[](size_t i) const { return py::reinterpret_borrow<py::object>(PyList_GET_ITEM(l.ptr(), i)); }
+  py::handle get() const { return l ? l : *g_empty; }
+};
+
 void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below, torch::jit::Stack* stack,
              size_t start) {
   const size_t nin = f.written.size();
@@ -1253,12 +1269,13 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   rec->args.reserve(nin);
   rec->slots.resize(nin);
   rec->kinds.resize(nin);
-  py::list ins, writes, fresh_consts;
+  py::list ins;
+  Lazy writes, fresh_consts;
   // the managed inputs' buffers, held: the op consumes its stack, which may hold the only reference to an
   // input (a conjugate view materialized by the conjugate fallback for this call)
-  std::vector<c10::intrusive_ptr<Buffer>> handles;
-  std::vector<std::pair<c10::intrusive_ptr<Buffer>, size_t>> wrote;  // buffers written in place, input index
-  std::vector<const c10::StorageImpl*> reads;  // constants the recipe reads
+  c10::SmallVector<c10::intrusive_ptr<Buffer>, 4> handles;
+  c10::SmallVector<std::pair<c10::intrusive_ptr<Buffer>, size_t>, 1> wrote;  // buffers written in place, input index
+  c10::SmallVector<const c10::StorageImpl*, 4> reads;  // constants the recipe reads
   bool evicted = false, opaque = false;
   const bool training = f.training >= 0 && (*stack)[start + f.training].isBool() && (*stack)[start + f.training].toBool();
   auto note = [&](const at::Tensor& t, size_t i) {
@@ -1352,9 +1369,17 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     }
   }
   // the call signature, for the size and cost caches
-  Key key{&op.schema(), {}};
+  // (its words in a buffer kept per thread: no allocation per op; handed back when the op is done)
+  thread_local std::vector<int64_t> t_words;
+  Key key{&op.schema(), std::move(t_words)};
+  key.words.clear();
+  struct Back {
+    Key& k;
+    ~Back() {
+      if (k.words.capacity() > t_words.capacity()) t_words = std::move(k.words);
+    }
+  } back{key};
   bool cacheable = true;
-  key.words.reserve(24);
   for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
   int64_t need = 0;
   if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr);
@@ -1381,23 +1406,25 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object held = py::none();
   if (call) {
     ++g_calls;
-    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts, writes, take_plain(),
+    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts.get(), writes.get(), take_plain(),
                         take_views());
   }
   // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
   // gets a recipe that replays the write, the old one keeps its own; "copy": the old value, which cannot be
   // recomputed but is read, stays in a copy; "plain": nothing needs the old value; "pin": more than one)
-  std::string mode;
-  py::object old_storage;
+  enum { kNoWrite, kVersion, kCopy, kOther } mode = kNoWrite;
+  py::object old_storage, mode_name;
   if (writes.size()) {
     auto t = held.cast<py::tuple>();
-    mode = t[1].cast<std::string>();
+    mode_name = t[1];
+    const std::string m = mode_name.cast<std::string>();
+    mode = m == "version" ? kVersion : m == "copy" ? kCopy : kOther;
     held = t[0];
     old_storage = writes[0];
   }
   c10::Storage written_storage;  // the written buffer's storage: the handles' (before a copy replaces the slot's)
   if (writes.size()) written_storage = wrote[0].first->slot->storage();
-  if (mode == "copy") {
+  if (mode == kCopy) {
     Slot* old = wrote[0].first->slot.get();
     old->own(copy_of(old->storage()));
   }
@@ -1445,13 +1472,13 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   // outputs: fresh storages get slots; views and aliases of a managed input share its buffer
   const size_t nout = f.returns.size();
   const size_t base = stack->size() - nout;
-  std::vector<std::pair<const c10::StorageImpl*, size_t>> made;  // fresh storage -> index in `fresh`
+  c10::SmallVector<std::pair<const c10::StorageImpl*, size_t>, 2> made;  // fresh storage -> index in `fresh`
   struct Fresh {
     size_t ret;
     int64_t elem;
     SlotPtr slot;
   };
-  std::vector<Fresh> fresh;
+  c10::SmallVector<Fresh, 2> fresh;
   py::list nbytes, values;
   // an output without a strided storage of its own (sparse, nested) may hold managed inputs inside it (a sparse
   // gradient's values), where no op on it can see them: those inputs are pinned (never evicted) after the op
@@ -1508,10 +1535,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   // with a side effect, not a write (written inputs are pinned by the core: NOTE [ Native front end ] 5)
   SlotPtr new_slot;
   py::object new_value = py::none();
-  if (mode == "version" || mode == "copy") {
+  if (mode == kVersion || mode == kCopy) {
     Buffer* b = wrote[0].first.get();
     new_slot = c10::make_intrusive<Slot>(written_storage);
-    if (mode == "version") b->slot->own(empty_like_storage(b->slot->storage()));  // the old value: evicted
+    if (mode == kVersion) b->slot->own(empty_like_storage(b->slot->storage()));  // the old value: evicted
     b->slot = new_slot;
     // the handles hold the written StorageImpl (the op returned it): the new slot lends it to them (rule 6)
     for (size_t k = 0; k < nout; ++k) {
@@ -1522,7 +1549,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     }
     new_value = value_of(new_slot);
   }
-  const bool writing = mode == "version" || mode == "copy";
+  const bool writing = mode == kVersion || mode == kCopy;
   bool replayable = (writing ? fresh.empty() : !fresh.empty() && !f.writes) && f.replayable && !opaque &&
                     !f.unannotated;
   if (replayable && f.cross_device && !handles.empty()) {  // a copy to another device is not replayed
@@ -1550,29 +1577,29 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     if (cacheable) g_costs.emplace(key, cost);
   }
   py::object wrote_arg = py::none();
-  if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode, new_value);
-  py::list storages;
+  if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
+  py::object storages;
   if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead && !escaped) {
     g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
     auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
-                         dead ? take_dead() : py::list(), take_plain(), take_views()).cast<py::tuple>();
+                         dead ? take_dead() : py::reinterpret_borrow<py::list>(*g_empty), take_plain(), take_views()).cast<py::tuple>();
     storages = out[0];
     g_room = out[1].cast<int64_t>();
     if (escaped && ins.size()) g_py->session.attr("pin")(ins);
   }
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();
-    py::object fresh_storage = storages[storages.size() - 1];
+    py::object fresh_storage = py::reinterpret_borrow<py::list>(storages)[PyList_GET_SIZE(storages.ptr()) - 1];
     Py_INCREF(fresh_storage.ptr());
     Py_DECREF(b->storage);
     b->storage = fresh_storage.ptr();
   }
   // wrap: fresh outputs get a buffer each, views and aliases of managed inputs the input's buffer
-  std::vector<c10::intrusive_ptr<Buffer>> buffers;
+  c10::SmallVector<c10::intrusive_ptr<Buffer>, 2> buffers;
   for (size_t j = 0; j < fresh.size(); ++j) {
-    PyObject* st = storages[j].ptr();  // (a write's new version, if any, comes last)
+    PyObject* st = PyList_GET_ITEM(storages.ptr(), j);  // (a write's new version, if any, comes last)
     Py_INCREF(st);
     buffers.push_back(c10::make_intrusive<Buffer>(fresh[j].slot, st));
   }
@@ -1844,6 +1871,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(Py_TYPE(r.ptr()) == &g_recipe_type, "torch_dtr native: expected a Recipe");
     return reinterpret_cast<RecipeObject*>(r.ptr())->rec->call(lend);
   });
+  g_empty = new py::list();
   g_value_take = new py::object(m.attr("_value_take"));  // never destroyed: no GIL at exit
   g_value_fill = new py::object(m.attr("_value_fill"));
   g_recipe_call = new py::object(m.attr("_recipe_call"));
