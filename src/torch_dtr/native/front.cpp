@@ -17,6 +17,9 @@
 //    one that needs it). Handle deaths only touch the queue (its own mutex). Nothing touches a Python object
 //    without the GIL: the kernel runs with it released (PyTorch's bindings release it around every op), and
 //    from Python 3.12 on even allocating a Python object without it crashes (per-interpreter allocator state).
+//    A managed op whose modelled cost is known and at least kReleaseAbove runs with the GIL released (g_mutex
+//    held), as plain PyTorch runs every op and as recipes run: other Python threads go on meanwhile. Shorter ops
+//    keep it: its release and retaking would cost them more than they hide.
 // 5. The records that live as long as a value or a recipe are allocated from a heap of their own (`pool`).
 // 6. A slot holds its StorageImpl only while no handle does: from its first handle to its buffer's death the
 //    handles alone hold it (the slot keeps a weak reference), so a managed tensor that nothing else shares has a
@@ -725,7 +728,7 @@ bool cost_here(const Facts& f, const std::vector<IValue>& args, const IValue* ou
   return true;
 }
 bool g_check_costs = false;  // tests: misses answered here are asked of Python too, and compared
-int64_t g_cost_here = 0, g_cost_mismatches = 0;
+int64_t g_cost_here = 0, g_cost_mismatches = 0, g_released = 0;  // managed ops run without the GIL
 std::string g_cost_mismatch;  // the first
 
 IValue to_meta(const IValue& v) {
@@ -1152,12 +1155,20 @@ void count_plain(const Facts& f, const torch::jit::Stack& stack) {
 // evicts (at least what the allocator was asked for; never the op's managed inputs `ins`, which it locks while
 // it chooses), the op's arguments and random state are put back, and it runs again; re-raised when nothing was
 // left to evict. Called with the GIL held.
+// the op of a managed call, with the GIL released where it is long (rule 4)
+constexpr double kReleaseAbove = 50e-6;  // modelled seconds
+void run_managed_op(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack, bool release) {
+  if (!release) return run_below(op, below, stack);
+  py::gil_scoped_release nogil;
+  run_below(op, below, stack);
+}
+
 void run_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack, size_t start,
-                  const Recipe& rec, int64_t need, const py::list& ins) {
+                  const Recipe& rec, int64_t need, const py::list& ins, bool release) {
   const std::vector<IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
   for (;;) {
     try {
-      run_below(op, below, stack);
+      run_managed_op(op, below, stack, release);
       return;
     } catch (const c10::OutOfMemoryError& e) {
       if (!g_py->session.attr("oom")(std::string(e.what_without_backtrace()), need, ins).cast<bool>()) throw;
@@ -1456,8 +1467,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   std::vector<IValue> called;  // a miss: the arguments as called, for the cost model after the op
   if (!known) called.assign(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
   try {
-    if (g_py->retry) run_retrying(op, below, stack, start, *rec, need, ins);
-    else run_below(op, below, stack);
+    const bool release = known && cost >= kReleaseAbove;
+    g_released += release;
+    if (g_py->retry) run_retrying(op, below, stack, start, *rec, need, ins, release);
+    else run_managed_op(op, below, stack, release);
   } catch (...) {
     if (!held.is_none()) g_py->session.attr("release")(held);
     throw;
@@ -1858,7 +1871,7 @@ std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
-          {"cost_mismatches", g_cost_mismatches}};
+          {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released}};
 }
 
 }  // namespace
