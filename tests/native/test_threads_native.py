@@ -120,3 +120,48 @@ def test_short_ops_keep_the_gil_and_training_at_60_percent_beside_a_busy_thread_
     assert st["gil_released_ops"] > 0, st
     for p, q in zip(got, ref, strict=True):
         assert torch.equal(p, q)
+
+
+def test_training_at_60_percent_while_another_thread_polls_stats_is_bitwise_plain():
+    # a monitoring thread that reads the counters while long managed ops run without the GIL: stats() tells the
+    # core what the kernel queued and which handles died, between another thread's `before` and `ran`
+    def run(enable):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(6)],
+                                torch.nn.Linear(256, 8))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        x = torch.randn(2048, 256)
+        enable()
+        for _ in range(3):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    ref = run(lambda: None)
+    run(lambda: native.enable(None))
+    peak = native.stats()["peak_bytes"]
+    native.disable()
+    stop, polls, errors = threading.Event(), [0], []
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                native.stats()
+                polls[0] += 1
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+                return
+
+    t = threading.Thread(target=poll)
+    try:
+        got = run(lambda: (native.enable(int(0.6 * peak)), t.start()))  # the test's budget: 60% of its own peak
+        st = native.stats()
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join()
+    assert not errors, errors
+    assert polls[0] > 10 and st["gil_released_ops"] > 0 and st["evictions"] > 0, (polls, st)
+    for p, q in zip(got, ref, strict=True):
+        assert torch.equal(p, q)
