@@ -165,3 +165,49 @@ def test_training_at_60_percent_while_another_thread_polls_stats_is_bitwise_plai
     assert polls[0] > 10 and st["gil_released_ops"] > 0 and st["evictions"] > 0, (polls, st)
     for p, q in zip(got, ref, strict=True):
         assert torch.equal(p, q)
+
+
+def test_another_thread_moving_the_budget_between_60_and_90_percent_mid_training_is_bitwise_plain():
+    # set_budget from another thread evicts while the training thread's long ops run without the GIL: the core is
+    # entered under the kernel's lock, so no value an op in flight reads is evicted under it
+    def run(enable):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(6)],
+                                torch.nn.Linear(256, 8))
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        x = torch.randn(2048, 256)
+        enable()
+        for _ in range(4):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    ref = run(lambda: None)
+    run(lambda: native.enable(None))
+    peak = native.stats()["peak_bytes"]
+    native.disable()
+    stop, moves, errors = threading.Event(), [0], []
+
+    def move() -> None:
+        while not stop.is_set():
+            try:
+                native.set_budget(int((0.6 if moves[0] % 2 else 0.9) * peak))
+                moves[0] += 1
+                time.sleep(0.0005)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+                return
+
+    t = threading.Thread(target=move)
+    try:
+        got = run(lambda: (native.enable(int(0.9 * peak)), t.start()))
+        st = native.stats()
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join()
+    assert not errors, errors
+    assert moves[0] > 10 and st["evictions"] > 0, (moves, st)
+    for p, q in zip(got, ref, strict=True):
+        assert torch.equal(p, q)

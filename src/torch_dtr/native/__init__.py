@@ -96,10 +96,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,17 @@ _SESSION: Any = None
 
 class NativeUnavailable(RuntimeError):
     """The compiled front end could not be built here (no C++ compiler, no ninja): use ``torch_dtr.enable``."""
+
+
+@contextlib.contextmanager
+def _core_locked(ext: Any) -> Iterator[None]:
+    """The kernel's lock, for an entry into the core from Python (front.cpp, rule 4: a managed op may be in
+    flight on another thread without the GIL; its inputs must not be evicted under it)."""
+    ext.lock_core()
+    try:
+        yield
+    finally:
+        ext.unlock_core()
 
 
 def load() -> Any:
@@ -239,12 +252,17 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
 def disable() -> None:
     """Stop managing new ops. Managed tensors the program still holds stay readable (evicted ones are
     recomputed without a budget)."""
-    from ..eager.api import thaw_gc
-    from .exports import guard_constants, guard_storage
-
     s = _SESSION
     if s is None or not s.active:
         return
+    with _core_locked(s.ext):
+        _disable(s)
+
+
+def _disable(s: Any) -> None:
+    from ..eager.api import thaw_gc
+    from .exports import guard_constants, guard_storage
+
     s.flush()  # what the kernel queued (front.cpp, rule 7)
     s.active = False
     s.ext.attach(False)
@@ -274,9 +292,10 @@ def stats() -> dict[str, Any]:
     s = _SESSION
     if s is None:
         return {}
-    s.flush()
-    out = dataclasses.asdict(s.rt.stats())
-    out.update(s.ext.counters())
+    with _core_locked(s.ext):
+        s.flush()
+        out = dataclasses.asdict(s.rt.stats())
+        out.update(s.ext.counters())
     return out
 
 
@@ -286,12 +305,13 @@ def set_budget(budget: int | str | None) -> None:
     if s is None or not s.active:
         raise RuntimeError("torch_dtr.native: not enabled")
     nbytes = parse_budget(budget)
-    s.flush()
-    s.ext.cpu_blocks_empty()  # the blocks kept for reuse are bounded by the peak in use: it starts again (rule 7)
-    s.rt.set_budget(nbytes)
-    s.ext.set_budget(-1 if nbytes is None else nbytes)
-    if nbytes is not None:
-        s.rt.reserve(0, "set_budget")
+    with _core_locked(s.ext):
+        s.flush()
+        s.ext.cpu_blocks_empty()  # the blocks kept for reuse are bounded by the peak in use: it starts again (rule 7)
+        s.rt.set_budget(nbytes)
+        s.ext.set_budget(-1 if nbytes is None else nbytes)
+        if nbytes is not None:
+            s.rt.reserve(0, "set_budget")
 
 
 def empty_cache() -> int:

@@ -19,7 +19,10 @@
 //    from Python 3.12 on even allocating a Python object without it crashes (per-interpreter allocator state).
 //    A managed op whose modelled cost is known and at least kReleaseAbove runs with the GIL released (g_mutex
 //    held), as plain PyTorch runs every op and as recipes run: other Python threads go on meanwhile. Shorter ops
-//    keep it: its release and retaking would cost them more than they hide.
+//    keep it: its release and retaking would cost them more than they hide. An op of another library than aten
+//    (c10d's collectives, custom ops) always runs without it: it may wait for a thread that needs the GIL (gloo's
+//    worker, freeing a finished collective's tensors, takes the GIL while holding the lock that the next
+//    collective's enqueue waits for: a tensor-parallel backward hung so in about one run in six).
 // 5. The records that live as long as a value or a recipe are allocated from a heap of their own (`pool`).
 // 6. A slot holds its StorageImpl only while no handle does: from its first handle to its buffer's death the
 //    handles alone hold it (the slot keeps a weak reference), so a managed tensor that nothing else shares has a
@@ -506,6 +509,7 @@ struct Facts {  // per operator, read once from its schema
   bool cross_device = false;  // may copy to another device: replayable only where its outputs stay on the input's
   bool fresh = false;         // some output is a tensor of its own (NOTE [ Managed vs constant ] 5)
   bool nested = false;        // makes nested tensors: never managed
+  bool foreign = false;       // not aten's or prims' (c10d's collectives, custom ops): may block (rule 4)
   // batch norm's running statistics (argument positions), written in training mode without the schema saying
   // so, and the position of its `training` flag (-1: none): NOTE [ In-place mutation ] 4 and 6
   std::vector<size_t> stats;
@@ -565,7 +569,8 @@ const Facts& build_facts(const c10::OperatorHandle& op) {
   static const char* never[] = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense", "linalg_lstsq"};
   for (const char* n : never) f.replayable &= base != n;
   const std::string& full = schema.name();
-  f.replayable &= full.rfind("aten::", 0) == 0 || full.rfind("prims::", 0) == 0;
+  f.foreign = full.rfind("aten::", 0) != 0 && full.rfind("prims::", 0) != 0;
+  f.replayable &= !f.foreign;
   static const char* crossing[] = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"};
   for (const char* n : crossing) f.cross_device |= base == n;
   f.nested = full.find("_nested") != std::string::npos;
@@ -1101,6 +1106,16 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
   return out;
 }
 
+// Python's own entries into the core (set_budget, stats, disable, empty_cache) from any thread take the kernel's
+// lock, waiting for it without the GIL (rule 4): a managed op in flight without the GIL has inputs that a budget
+// moved by another thread must not evict under it
+void lock_core() {
+  if (g_mutex.try_lock()) return;
+  py::gil_scoped_release nogil;
+  g_mutex.lock();
+}
+void unlock_core() { g_mutex.unlock(); }
+
 py::list take_dead_locked() {  // for the session's own entries (flush): the deaths since the kernel's last call
   Lock lock;
   return take_dead();
@@ -1467,7 +1482,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   std::vector<IValue> called;  // a miss: the arguments as called, for the cost model after the op
   if (!known) called.assign(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
   try {
-    const bool release = known && cost >= kReleaseAbove;
+    const bool release = f.foreign || (known && cost >= kReleaseAbove);
     g_released += release;
     if (g_py->retry) run_retrying(op, below, stack, start, *rec, need, ins, release);
     else run_managed_op(op, below, stack, release);
@@ -1900,6 +1915,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_count_plain", &set_count_plain);
   m.def("take_views", &take_views);
   m.def("take_dead", &take_dead_locked);
+  m.def("lock_core", &lock_core);
+  m.def("unlock_core", &unlock_core);
   m.def("set_lend", &set_lend);
   m.def("attach", &attach);
   m.def("attached", &attached);
