@@ -122,45 +122,61 @@ def test_short_ops_keep_the_gil_and_training_at_60_percent_beside_a_busy_thread_
         assert torch.equal(p, q)
 
 
-def test_training_at_60_percent_while_another_thread_polls_stats_is_bitwise_plain():
-    # a monitoring thread that reads the counters while long managed ops run without the GIL: stats() tells the
-    # core what the kernel queued and which handles died, between another thread's `before` and `ran`
-    def run(enable):
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(6)],
-                                torch.nn.Linear(256, 8))
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        x = torch.randn(2048, 256)
-        enable()
-        for _ in range(3):
-            opt.zero_grad()
-            m(x).pow(2).mean().backward()
-            opt.step()
-        return [p.detach().clone() for p in m.parameters()]
+def _gelu_mlp(enable, opt_cls, steps: int) -> list[torch.Tensor]:
+    """Train an MLP of 256-wide GELU layers on 2,048 rows (long matrix products) for ``steps`` steps, calling
+    ``enable`` after the model is built; its parameters after."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(6)],
+                            torch.nn.Linear(256, 8))
+    opt = opt_cls(m.parameters(), lr=1e-3)
+    x = torch.randn(2048, 256)
+    enable()
+    for _ in range(steps):
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in m.parameters()]
 
-    ref = run(lambda: None)
-    run(lambda: native.enable(None))
+
+def _beside(other, budget_fraction: float, opt_cls, steps: int):
+    """The MLP plain, then under native at ``budget_fraction`` of its own peak with ``other`` (a function run in a
+    loop on another thread until training ends) started once enabled: plain's parameters, native's, its stats,
+    and what ``other`` raised."""
+    ref = _gelu_mlp(lambda: None, opt_cls, steps)
+    _gelu_mlp(lambda: native.enable(None), opt_cls, steps)
     peak = native.stats()["peak_bytes"]
     native.disable()
-    stop, polls, errors = threading.Event(), [0], []
+    stop, errors = threading.Event(), []
 
-    def poll() -> None:
+    def loop() -> None:
         while not stop.is_set():
             try:
-                native.stats()
-                polls[0] += 1
-            except Exception as e:  # noqa: BLE001 (reported below)
+                other(peak)
+            except Exception as e:  # noqa: BLE001 (reported by the caller)
                 errors.append(e)
                 return
 
-    t = threading.Thread(target=poll)
+    t = threading.Thread(target=loop)
     try:
-        got = run(lambda: (native.enable(int(0.6 * peak)), t.start()))  # the test's budget: 60% of its own peak
+        got = _gelu_mlp(lambda: (native.enable(int(budget_fraction * peak)), t.start()), opt_cls, steps)
         st = native.stats()
     finally:
         stop.set()
         if t.is_alive():
             t.join()
+    return ref, got, st, errors
+
+
+def test_training_at_60_percent_while_another_thread_polls_stats_is_bitwise_plain():
+    # a monitoring thread that reads the counters while long managed ops run without the GIL: stats() tells the
+    # core what the kernel queued and which handles died, between another thread's `before` and `ran`
+    polls = [0]
+
+    def poll(_peak: int) -> None:
+        native.stats()
+        polls[0] += 1
+
+    ref, got, st, errors = _beside(poll, 0.6, torch.optim.AdamW, 3)
     assert not errors, errors
     assert polls[0] > 10 and st["gil_released_ops"] > 0 and st["evictions"] > 0, (polls, st)
     for p, q in zip(got, ref, strict=True):
@@ -170,43 +186,14 @@ def test_training_at_60_percent_while_another_thread_polls_stats_is_bitwise_plai
 def test_another_thread_moving_the_budget_between_60_and_90_percent_mid_training_is_bitwise_plain():
     # set_budget from another thread evicts while the training thread's long ops run without the GIL: the core is
     # entered under the kernel's lock, so no value an op in flight reads is evicted under it
-    def run(enable):
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(6)],
-                                torch.nn.Linear(256, 8))
-        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
-        x = torch.randn(2048, 256)
-        enable()
-        for _ in range(4):
-            opt.zero_grad()
-            m(x).pow(2).mean().backward()
-            opt.step()
-        return [p.detach().clone() for p in m.parameters()]
+    moves = [0]
 
-    ref = run(lambda: None)
-    run(lambda: native.enable(None))
-    peak = native.stats()["peak_bytes"]
-    native.disable()
-    stop, moves, errors = threading.Event(), [0], []
+    def move(peak: int) -> None:
+        native.set_budget(int((0.6 if moves[0] % 2 else 0.9) * peak))
+        moves[0] += 1
+        time.sleep(0.0005)
 
-    def move() -> None:
-        while not stop.is_set():
-            try:
-                native.set_budget(int((0.6 if moves[0] % 2 else 0.9) * peak))
-                moves[0] += 1
-                time.sleep(0.0005)
-            except Exception as e:  # noqa: BLE001 (reported below)
-                errors.append(e)
-                return
-
-    t = threading.Thread(target=move)
-    try:
-        got = run(lambda: (native.enable(int(0.9 * peak)), t.start()))
-        st = native.stats()
-    finally:
-        stop.set()
-        if t.is_alive():
-            t.join()
+    ref, got, st, errors = _beside(move, 0.9, torch.optim.SGD, 4)
     assert not errors, errors
     assert moves[0] > 10 and st["evictions"] > 0, (moves, st)
     for p, q in zip(got, ref, strict=True):
