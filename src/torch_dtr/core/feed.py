@@ -114,9 +114,8 @@ class Feed:
                 rt.ran(ins, 0.0, None, name)
                 return outs, self.room()
             op = rt.ran(ins, cost, recipe, name, (old,) if mode == "version" and old is not None else ())
-            output = rt.output
             for i in range(len(nbytes)):
-                s = output(op, nbytes[i], values[i])
+                s = rt.output(op, nbytes[i], values[i])
                 s.refs = 1
                 outs.append(s)
             if old is not None:

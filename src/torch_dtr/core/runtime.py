@@ -455,19 +455,23 @@ class Runtime:
         self.clock += cost
         now = self.clock
         op = None if compute is None else Op(inputs, cost, compute, name, writes)
-        ins = op.inputs if op is not None else inputs if len(inputs) < 2 else dict.fromkeys(inputs)  # distinct
         # constants and pinned storages (the floor's sum), less those pinned by banishing (NOTE [ Banishing ] 5)
         # (with a tier, pinned values it may copy out are evictable: NOTE [ Swapping ] 9)
         mem = self.memory
         tier = self.tier is not None
         need = mem.tracked + mem.outside - self.candidate_bytes - (self.movable_bytes if tier else self.banished_bytes)
-        for s in ins:
-            s.last_access = now
-            if not s.pinned or (s.moves if tier else s.banished):
-                need += s.nbytes
-            if op is not None:
+        if op is not None:  # (its inputs a typed tuple: compiled, the loop indexes it without an iterator)
+            for s in op.inputs:  # distinct
+                s.last_access = now
+                if not s.pinned or (s.moves if tier else s.banished):
+                    need += s.nbytes
                 s.deps += 1
                 s.children.append(op)
+        else:
+            for s in inputs if len(inputs) < 2 else dict.fromkeys(inputs):  # distinct
+                s.last_access = now
+                if not s.pinned or (s.moves if tier else s.banished):
+                    need += s.nbytes
         self._need, self._need_op = need, name
         if need > self.floor:
             self.floor, self.floor_op = need, name
@@ -585,7 +589,9 @@ class Runtime:
             if s.host is not None:
                 self.tier.drop(s)  # type: ignore[union-attr]
             s.payload = None
-            self.live.pop(s, None)
+            live = self.live
+            if s in live:  # (not dict.pop with a default: compiled, that is a call by the method's name)
+                del live[s]
             if self.listeners:
                 self.emit("release", s)
             op = s.op
@@ -624,7 +630,9 @@ class Runtime:
         self.candidate_bytes += s.nbytes
 
     def _drop_candidate(self, s: Storage) -> None:
-        if self.candidates.pop(s, 0) is None:
+        candidates = self.candidates
+        if s in candidates:
+            del candidates[s]
             self.candidate_bytes -= s.nbytes
 
     def _add_movable(self, s: Storage) -> None:
@@ -647,7 +655,9 @@ class Runtime:
         if s.banished:
             self._unbanish(s)
         self.memory.free(s)
-        if self.candidates.pop(s, 0) is None:  # (_drop_candidate, inlined: this runs for every dropped value)
+        candidates = self.candidates
+        if s in candidates:  # (_drop_candidate, inlined: this runs for every dropped value)
+            del candidates[s]
             self.candidate_bytes -= s.nbytes
 
     # ------------------------------------------------------------------ constants

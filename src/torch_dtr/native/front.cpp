@@ -141,7 +141,7 @@ using c10::IValue;
 
 thread_local int g_depth = 0;  // > 0: ops run by a kernel or a recipe, not the program's
 std::recursive_mutex g_mutex;
-std::mutex g_dead_mutex;
+pool::Spin g_dead_mutex;  // (taken by each buffer's death: a few instructions under it)
 // core Storages whose last handle died (strong references), with their session's number
 std::vector<std::pair<int64_t, PyObject*>> g_dead;
 std::atomic<bool> g_dead_any{false};  // g_dead is not empty (read per op without the mutex)
@@ -160,6 +160,7 @@ struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
   int64_t budget = -1;
 };
 Py* g_py = new Py();
+py::list* g_empty = nullptr;  // one shared empty list, for arguments that stay empty (no callee changes it)
 // bytes free under the budget as the core counted them after its last call (-1: not known). An op whose
 // predicted bytes fit skips `before`: the core's reserve would not evict, and its inputs are resident
 int64_t g_room = -1;
@@ -250,7 +251,7 @@ struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule
   Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st), epoch(g_epoch) { ++(*g_buffers)[epoch]; }
   ~Buffer() override {
     slot->reclaim();  // (when a handle still holds the StorageImpl; the last holder among them did already)
-    std::lock_guard<std::mutex> lock(g_dead_mutex);
+    std::lock_guard<pool::Spin> lock(g_dead_mutex);
     g_dead.emplace_back(epoch, storage);
     g_dead_any.store(true, std::memory_order_release);
   }
@@ -301,7 +302,8 @@ struct Handle : c10::TensorImpl {
 
 Handle* handle_of(const at::Tensor& t) {
   if (!t.defined() || !t.key_set().has_backend(BackendComponent::PrivateUse1Bit)) return nullptr;
-  return dynamic_cast<Handle*>(t.unsafeGetTensorImpl());
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();  // (a type's identity, cheaper than a dynamic_cast: no subclasses)
+  return typeid(*impl) == typeid(Handle) ? static_cast<Handle*>(impl) : nullptr;
 }
 
 at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
@@ -337,7 +339,7 @@ struct Entry {
   size_t n;
   void* raw;
 };
-std::mutex g_mutex;
+pool::Spin g_mutex;  // (taken twice per managed op that makes a block: no pthread mutex's calls)
 // (never destroyed: a tensor may be freed after static destructors ran, at exit)
 auto& g_order = *new std::list<Entry>();  // oldest first
 auto& g_sized = *new std::unordered_map<size_t, std::vector<std::list<Entry>::iterator>>();
@@ -346,7 +348,7 @@ bool g_on = false;
 
 // a kept block of exactly n bytes; or null, the oldest kept having gone until in use (`now`) + n + kept fit the peak
 void* take(size_t n, int64_t now) {
-  std::lock_guard<std::mutex> g(g_mutex);
+  std::lock_guard<pool::Spin> g(g_mutex);
   auto it = g_on ? g_sized.find(n) : g_sized.end();
   if (it != g_sized.end()) {  // (a size's entry goes with its last block: sizes that never repeat leave none)
     auto e = it->second.back();
@@ -375,7 +377,7 @@ void* take(size_t n, int64_t now) {
 }
 
 bool keep(void* raw, size_t n) {
-  std::lock_guard<std::mutex> g(g_mutex);
+  std::lock_guard<pool::Spin> g(g_mutex);
   if (!g_on) return false;
   g_order.push_back(Entry{n, raw});
   g_sized[n].push_back(std::prev(g_order.end()));
@@ -384,7 +386,7 @@ bool keep(void* raw, size_t n) {
 }
 
 void empty(bool on, int64_t now) {
-  std::lock_guard<std::mutex> g(g_mutex);
+  std::lock_guard<pool::Spin> g(g_mutex);
   for (auto& e : g_order) std::free(e.raw);
   g_order.clear();
   g_sized.clear();
@@ -453,7 +455,7 @@ void cpu_blocks_empty() { kept::empty(cpu_blocks_on(), g_blocks_now.load()); }
 
 // bytes kept, hits and misses of blocks kept, and the sizes that have blocks kept
 std::tuple<int64_t, int64_t, int64_t, int64_t> cpu_blocks_kept() {
-  std::lock_guard<std::mutex> g(kept::g_mutex);
+  std::lock_guard<pool::Spin> g(kept::g_mutex);
   return {kept::g_bytes, kept::g_hits, kept::g_misses, static_cast<int64_t>(kept::g_sized.size())};
 }
 
@@ -1088,7 +1090,7 @@ struct Lock {
 py::list take_dead() {  // the current session's; an earlier session's go to it at once
   std::vector<std::pair<int64_t, PyObject*>> dead;
   {
-    std::lock_guard<std::mutex> lock(g_dead_mutex);
+    std::lock_guard<pool::Spin> lock(g_dead_mutex);
     dead.swap(g_dead);
     g_dead_any.store(false, std::memory_order_relaxed);
   }
@@ -1124,6 +1126,11 @@ py::list take_dead_locked() {  // for the session's own entries (flush): the dea
 bool dead_pending() { return g_dead_any.load(std::memory_order_acquire); }
 
 py::list swept_constants() {  // constants whose last tensor died since the last sweep: their bytes
+  if (g_gone.empty()) {  // (most sweeps find none: no list made)
+    bool any = false;
+    for (auto& kv : g_seen) any |= !kv.second.alive();
+    if (!any) return py::reinterpret_borrow<py::list>(*g_empty);
+  }
   py::list gone;
   for (auto& g : g_gone) gone.append(py::make_tuple(g.first, g.second));
   g_gone.clear();
@@ -1272,8 +1279,7 @@ void settle_all(torch::jit::Stack* stack, size_t start) {
 }
 
 // a Python list made on its first item (most ops write nothing in place and read no new constant); empty, the
-// one shared empty list, which no callee changes
-py::list* g_empty = nullptr;
+// one shared empty list (g_empty), which no callee changes
 struct Lazy {
   py::object l;
   size_t size() const { return l ? static_cast<size_t>(PyList_GET_SIZE(l.ptr())) : 0; }
@@ -1286,6 +1292,14 @@ struct Lazy {
   py::handle get() const { return l ? l : *g_empty; }
 };
 
+// a call into the core by position, without pybind11's argument tuple (twice per managed op at most). The
+// arguments are borrowed: temporaries made in the call's braces live until the call returns
+py::object vcall(const py::object& fn, std::initializer_list<PyObject*> args) {
+  PyObject* res = PyObject_Vectorcall(fn.ptr(), args.begin(), args.size(), nullptr);
+  if (!res) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(res);
+}
+
 void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below, torch::jit::Stack* stack,
              size_t start) {
   const size_t nin = f.written.size();
@@ -1293,6 +1307,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   auto rec = std::make_unique<Recipe>(op);
   rec->keys = below;
   rec->args.reserve(nin);
+  rec->inputs.reserve(nin);  // (at most one per argument, but for tensor lists: one allocation, not a growth)
   rec->slots.resize(nin);
   rec->kinds.resize(nin);
   py::list ins;
@@ -1432,8 +1447,9 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object held = py::none();
   if (call) {
     ++g_calls;
-    held = g_py->before(ins, need, f.name, take_dead(), fresh_consts.get(), writes.get(), take_plain(),
-                        take_views());
+    held = vcall(g_py->before, {ins.ptr(), py::int_(need).ptr(), f.name.ptr(), take_dead().ptr(),
+                                fresh_consts.get().ptr(), writes.get().ptr(), py::int_(take_plain()).ptr(),
+                                take_views().ptr()});
   }
   // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
   // gets a recipe that replays the write, the old one keeps its own; "copy": the old value, which cannot be
@@ -1593,12 +1609,12 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     for (auto& fr : fresh) rec->outs.push_back(Out{fr.ret, fr.elem, fr.slot});  // fr.ret: index into the returns
     recipe = recipe_of(std::move(rec));
   }
-  py::list read;
+  Lazy read;
   if (replayable)
     for (auto* si : reads) {
       auto it = g_seen.find(si);
       if (it != g_seen.end() && !it->second.read) it->second.read = true;
-      read.append(reinterpret_cast<intptr_t>(si));
+      read.append(py::int_(reinterpret_cast<intptr_t>(si)));
     }
   if (writing && cost == 0 && !known) {  // a write's cost (fresh outputs set it above)
     cost = model_cost();
@@ -1611,10 +1627,16 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
-    auto out = g_py->ran(f.name, cost, ins, nbytes, values, recipe, held, read, wrote_arg,
-                         dead ? take_dead() : py::reinterpret_borrow<py::list>(*g_empty), take_plain(), take_views()).cast<py::tuple>();
-    storages = out[0];
-    g_room = out[1].cast<int64_t>();
+    py::object dead_arg = dead ? py::object(take_dead()) : py::reinterpret_borrow<py::object>(*g_empty);
+    auto out = vcall(g_py->ran, {f.name.ptr(), py::float_(cost).ptr(), ins.ptr(), nbytes.ptr(), values.ptr(),
+                                 recipe.ptr(), held.ptr(), read.get().ptr(), wrote_arg.ptr(), dead_arg.ptr(),
+                                 py::int_(take_plain()).ptr(), take_views().ptr()});
+    PyObject* res = out.ptr();
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2)
+      throw std::runtime_error("torch_dtr native: the core's ran returned something other than (storages, room)");
+    storages = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(res, 0));
+    g_room = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
+    if (g_room == -1 && PyErr_Occurred()) throw py::error_already_set();
     if (escaped && ins.size()) g_py->session.attr("pin")(ins);
   }
   if (writing) {  // the handles now name the new version
