@@ -35,15 +35,11 @@ def child(who: str, program: str, steps: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    if program == "chain":
-        w = torch.randn(64, 64, requires_grad=True)
+    if program == "chain":  # dispatch.py's small-op chain: 200 x (mul, add) on 64x64, forward and backward
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        from dispatch import _small_ops
 
-        def step() -> None:
-            y = w
-            for _ in range(200):
-                y = y * 1.0001 + 0.5
-            y.sum().backward()
-            w.grad = None
+        step = _small_ops()[0]
     else:
         from torch_dtr.bench import workloads
 
@@ -94,6 +90,16 @@ def library(obj: str, name: str) -> str:
     return "other"
 
 
+def source_library(full: str) -> str:
+    """The library of a line whose object callgrind left out, from its source file where that says it."""
+    file = full.split(":", 1)[0]
+    if "Python-3" in file or "/Include/" in file:
+        return "CPython"
+    if "/malloc/" in file or "/nptl/" in file or "sysdeps" in file:
+        return "the C library"
+    return "other"
+
+
 def per_function(path: str) -> tuple[dict[str, int], dict[str, str]]:
     """Instructions by function name (summed over libraries) and the library each name was first seen in."""
     text = subprocess.run(["callgrind_annotate", "--threshold=100", "--auto=no", path], capture_output=True,
@@ -108,7 +114,8 @@ def per_function(path: str) -> tuple[dict[str, int], dict[str, str]]:
         obj = re.search(r"\[([^\]]*)\]$", full)
         name = re.sub(r" \[[^\]]*\]$", "", full).split(":", 1)[-1].replace("'2", "")
         counts[name] += int(m.group(1).replace(",", ""))
-        where.setdefault(name, library(obj.group(1) if obj else "", name))
+        lib = library(obj.group(1) if obj else "", name)
+        where.setdefault(name, source_library(full) if lib == "other" else lib)
     return counts, where
 
 
