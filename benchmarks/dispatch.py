@@ -113,7 +113,8 @@ def measure(fn: Callable[[], None], repeats: int) -> dict:
     dispatched, in_step = counter.calls / 4, counter.in_step / 4
     modes = {"plain": None, "no-op mode": "noop", "no budget": "none", "budget above peak": 2 * peak + 2**20}
     if native.available():  # the compiled front end (torch_dtr.native), the same core
-        modes |= {"native, no budget": ("native", None), "native, budget above peak": ("native", 2 * peak + 2**20)}
+        modes |= {"native, no budget": ("native", None), "native, budget above peak": ("native", 2 * peak + 2**20),
+                  "fallback": ("floor", False), "fallback + blocks": ("floor", True)}
     times: dict[str, list[float]] = {m: [] for m in modes}
     # steps per sample: short steps are timed several times in a row (a multiple of the 4 batches, which differ in
     # length for the LSTM), so that each sample holds about 40 ms and one slow step does not move the median
@@ -132,6 +133,10 @@ def measure(fn: Callable[[], None], repeats: int) -> dict:
                 continue
             if budget == "noop":
                 with _Passthrough():
+                    timed(m, rnd)
+                continue
+            if isinstance(budget, tuple) and budget[0] == "floor":  # the mechanism's floor: the fallback alone
+                with native.passthrough(blocks=budget[1]):
                     timed(m, rnd)
                 continue
             if isinstance(budget, tuple):
@@ -234,8 +239,8 @@ def main() -> int:
                   "called once or twice per managed op; docs/native.md), in the same runs:", "",
                   "| program | no-op mode: us per managed op | torch-dtr no budget | native no budget | ratio | "
                   "native / mode, per op | torch-dtr budget above peak | native budget above peak | ratio | "
-                  "native / mode, per op |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "native / mode, per op | no-op fallback: ratio | no-op fallback + blocks: ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, r in results.items():
             u, q = r["us_per_op"], r["ratio"]
 
@@ -245,7 +250,12 @@ def main() -> int:
             lines.append(f"| {name} | {u['no-op mode']:.1f} | {u['no budget']:.1f} | {u['native, no budget']:.1f} | "
                          f"{q['native, no budget']:.2f}x | {per('native, no budget')} | {u['budget above peak']:.1f} | "
                          f"{u['native, budget above peak']:.1f} | {q['native, budget above peak']:.2f}x | "
-                         f"{per('native, budget above peak')} |")
+                         f"{per('native, budget above peak')} | {q['fallback']:.2f}x | {q['fallback + blocks']:.2f}x |")
+        lines += ["", "*no-op fallback*: every op of the thread through the compiled front end's dispatch-key "
+                  "fallback, which only passes it down (`torch_dtr.native.passthrough()`: boxing and unboxing each "
+                  "op's arguments, no Python, no session): the floor of any mechanism built on such a fallback, as "
+                  "the no-op mode is a Python mode's; *+ blocks*: with the front end's CPU allocator "
+                  "(NOTE [ Native front end ] 7) too."]
     lines += ["", "Where the time goes: cProfile of 5 steps of the small GPT-2 with a budget far above its peak,",
               "per managed op (cProfile's own overhead inflates every figure; read them as shares).", "", prof, ""]
     path = Path(args.out) / ("dispatch-compiled.md" if COMPILED else "dispatch.md")

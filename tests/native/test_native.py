@@ -979,3 +979,31 @@ def test_the_kernels_cost_model_equals_the_python_one_and_asks_python_only_for_p
                 assert counts["cost_misses"] > counts["costs_here"], counts  # the convolutions asked Python
     finally:
         ext.check_costs(False)
+
+
+def test_passthrough_runs_every_op_plainly_through_the_fallback_and_ends_cleanly():
+    """native.passthrough (benchmarks' floor of the mechanism): the thread's ops reach the fallback, which only
+    passes them down: a training step's gradients equal plain PyTorch's bit for bit, nothing is managed, the
+    thread's dispatch bit is gone afterwards, and it is refused while a session manages the thread."""
+    ext = native.load()
+
+    def step():
+        torch.manual_seed(0)
+        m, loss = _mlp_dropout()
+        loss().backward()
+        return m, [p.grad.clone() for p in m.parameters()]
+
+    _, plain = step()
+    with native.passthrough(blocks=True):
+        assert ext.attached() and ext.cpu_blocks_on()
+        m, got = step()
+        assert not any(native.is_managed(p) for p in m.parameters())
+        used = ext.cpu_blocks_usage()[1]
+    assert not ext.attached() and not ext.cpu_blocks_on()
+    assert used > 0  # the step's tensors came from the blocks allocator
+    assert all(torch.equal(a, b) for a, b in zip(plain, got, strict=True))
+    native.enable(None)
+    with pytest.raises(RuntimeError, match="session is enabled"):
+        with native.passthrough():
+            pass
+    native.disable()

@@ -324,5 +324,27 @@ def empty_cache() -> int:
     return kept
 
 
+@contextlib.contextmanager
+def passthrough(blocks: bool = False) -> Iterator[None]:
+    """For benchmarks: the floor of this front end's mechanism. Inside, every op of this thread reaches the
+    front end's dispatch-key fallback, which passes it straight down (no session, no Python, no GIL): what any
+    boxed fallback costs before it does anything, as a do-nothing ``TorchDispatchMode`` is the floor of a Python
+    mode. ``blocks``: the CPU blocks allocator is on too (NOTE [ Native front end ] 7). Refused while a session
+    is enabled."""
+    ext = load()
+    if _SESSION is not None and _SESSION.active:
+        raise RuntimeError("torch_dtr.native.passthrough: a session is enabled; call torch_dtr.native.disable() "
+                           "first")
+    ext.set_passthrough(True)
+    if blocks:
+        ext.cpu_blocks(True)
+    try:
+        yield
+    finally:
+        if blocks:
+            ext.cpu_blocks(False)
+        ext.set_passthrough(False)
+
+
 def is_managed(t: Any) -> bool:
     return bool(load().is_managed(t))

@@ -499,6 +499,18 @@ struct Below {  // ops run inside are not the program's (exception-safe)
   }
 };
 
+// benchmarks (native.passthrough): the fallback's floor, every op of this thread passed straight down by `kernel`
+// (its `g_depth > 0` path: no facts, no scan, no GIL)
+thread_local bool t_passthrough = false;
+
+void set_passthrough(bool on) {
+  if (on == t_passthrough) return;
+  TORCH_CHECK(!on || !attached(), "torch_dtr native: passthrough() while the front end manages this thread's ops");
+  t_passthrough = on;
+  g_depth += on ? 1 : -1;
+  attach(on);
+}
+
 DispatchKeySet below_of(DispatchKeySet ks) {
   return (ks & DispatchKeySet(DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake))
       .remove_backend(BackendComponent::PrivateUse1Bit);
@@ -1942,6 +1954,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lend", &set_lend);
   m.def("attach", &attach);
   m.def("attached", &attached);
+  m.def("set_passthrough", &set_passthrough);
   m.def("is_managed", &is_managed);
   m.def("storage_of", &storage_of);
   m.def("session_of", &session_of);
