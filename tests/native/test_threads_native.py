@@ -198,3 +198,28 @@ def test_another_thread_moving_the_budget_between_60_and_90_percent_mid_training
     assert moves[0] > 10 and st["evictions"] > 0, (moves, st)
     for p, q in zip(got, ref, strict=True):
         assert torch.equal(p, q)
+
+
+def test_disable_from_another_thread_leaves_the_enabling_thread_plain_at_no_budget():
+    """native.disable() on a second thread clears that thread's dispatch bit only; the enabling thread's own bit
+    goes at its next op that needs the kernel (no session: nothing to manage), which runs plain, without a call
+    into the core; a managed tensor made before still reads (and computes) as plain PyTorch's."""
+    ext = native.load()
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    native.enable(None)
+    h = torch.tanh(w)  # managed
+    assert native.is_managed(h)
+    t = threading.Thread(target=native.disable)
+    t.start()
+    t.join()
+    assert ext.attached()  # this thread's bit outlived the session
+    calls = ext.counters()["core_calls_before"]
+    y = (w * 2).sum()  # a plain op with a grad-requiring input: reaches the kernel, which lets the bit go
+    assert not ext.attached()
+    assert ext.counters()["core_calls_before"] == calls
+    assert not native.is_managed(y)
+    (h.sum() + y).backward()
+    v = w.detach().clone().requires_grad_()
+    (torch.tanh(v).sum() + (v * 2).sum()).backward()  # plain PyTorch
+    assert torch.equal(w.grad, v.grad)

@@ -9,7 +9,11 @@ inlined template after whichever library it met first). Instructions are not tim
 wait costs more than its instructions), but they move with the code, not with the neighbours.
 
     PYTHONPATH=src python benchmarks/experiments/native/instructions.py [chain|gpt2|lstm] [--steps 5 25]
-        [--top 30] [--jobs 2]
+        [--top 30] [--jobs 2] [--floor]
+
+``--floor``: a third contender, the mechanism's floor (``torch_dtr.native.passthrough(blocks=True)``: every op
+through the fallback, passed straight down, with the front end's CPU allocator), so that what the front end's
+own work adds shows apart from what any boxed fallback pays.
 
 Needs ``valgrind`` and ``callgrind_annotate`` on the PATH. About 4-8 minutes for the chain on 2 cores (callgrind
 runs a program some 50x slower). With ``OUT`` set, also writes OUT/instructions-PROGRAM.txt.
@@ -60,6 +64,14 @@ def child(who: str, program: str, steps: int) -> None:
         for _ in range(4):  # the caches of call signatures fill here, outside what is counted apart
             step()
         before = native.stats()["managed_ops"]
+    if who == "floor":
+        from torch_dtr import native
+
+        with native.passthrough(blocks=True):
+            for _ in range(4 + steps):
+                step()
+        print("managed_ops_per_step 0")
+        return
     for _ in range(steps):
         step()
     if who == "native":
@@ -128,7 +140,9 @@ def main() -> int:
     ap.add_argument("--steps", nargs=2, type=int, default=(5, 25))
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--floor", action="store_true", help="also count the fallback alone (passthrough)")
     args = ap.parse_args()
+    who_all = WHO + ("floor",) if args.floor else WHO
     for tool in ("valgrind", "callgrind_annotate"):
         if not shutil.which(tool):
             print(f"instructions: needs {tool} on the PATH (Debian: apt install valgrind)", file=sys.stderr)
@@ -138,14 +152,14 @@ def main() -> int:
         print(f"instructions: --steps N1 N2 needs N2 > N1 (got {n1} {n2})", file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="dtr-callgrind-")
-    jobs = {(who, n): (who, args.program, n, os.path.join(tmp, f"{who}-{n}.out")) for who in WHO for n in (n1, n2)}
+    jobs = {(who, n): (who, args.program, n, os.path.join(tmp, f"{who}-{n}.out")) for who in who_all for n in (n1, n2)}
     print(f"running {len(jobs)} processes under callgrind ({args.jobs} at a time) ...", file=sys.stderr, flush=True)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         done = {k: pool.submit(counted, *v) for k, v in jobs.items()}
         results = {k: f.result() for k, f in done.items()}
     per_step: dict[str, dict[str, float]] = {}
     where: dict[str, str] = {}
-    for who in WHO:
+    for who in who_all:
         (a, _), (b, ops) = results[(who, n1)], results[(who, n2)]
         ca, wa = per_function(a)
         cb, wb = per_function(b)
@@ -166,6 +180,16 @@ def main() -> int:
         by_lib[where.get(k, "other")] += v / managed
     for lib, v in sorted(by_lib.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {lib} | {v:,.0f} |")
+    if args.floor:
+        floor = {k: per_step["floor"].get(k, 0.0) - per_step["plain"].get(k, 0.0)
+                 for k in set(per_step["floor"]) | set(per_step["plain"])}
+        f_op, a_op = sum(floor.values()) / managed, sum(added.values()) / managed
+        lines += ["", f"floor (every op through the fallback, passed straight down, with the CPU blocks allocator): "
+                  f"{total['floor']:,.0f} a step, **{f_op:,.0f} per managed op** of the {a_op:,.0f}; "
+                  f"the front end's own work: **{a_op - f_op:,.0f}**", "",
+                  "Functions the floor adds the most (per managed op):", ""]
+        for k, v in sorted(floor.items(), key=lambda kv: -kv[1])[:12]:
+            lines.append(f"    {v / managed:+8.0f}  {k[:110]}  ({where.get(k, 'other')})")
     lines += ["", "Functions adding the most (instructions per managed op; a name's library as first seen):", ""]
     for k, v in sorted(added.items(), key=lambda kv: -kv[1])[: args.top]:
         lines.append(f"    {v / managed:+8.0f}  {k[:110]}  ({where.get(k, 'other')})")

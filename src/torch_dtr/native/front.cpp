@@ -1728,7 +1728,8 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   }
   py::gil_scoped_acquire gil;
   Lock lock;
-  if (!g_py->active && !g_py->closed) {  // no session: run as plain PyTorch would
+  if (!g_py->active && (!g_py->closed || !tagged)) {  // no session (or a closed one, no managed input): plain
+    if (!tagged) attach(false);  // this thread's bit outlived its session (disable() ran on another thread)
     run_below(op, below, stack);
     return;
   }
