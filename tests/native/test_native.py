@@ -631,10 +631,11 @@ def test_cpu_blocks_asked_for_and_freed_on_four_threads_at_once_are_all_counted_
     assert ext.cpu_blocks_kept()[0] == 0
 
 
-def test_at_no_budget_ops_that_make_no_memory_are_queued_and_the_core_counts_as_without_the_queue():
+def test_ops_that_make_no_memory_are_queued_at_no_budget_and_at_70_percent_and_the_core_decides_as_without():
     # front.cpp rule 7: views, detach and t wait in the kernel for the next call into the core, which tells them
-    # first; the core's counts (ops, the floor, the peak) are those of a budget far above the peak (no queue), and
-    # the floor and peak those of the Python front end
+    # first; the core is told every managed op once, and its decisions (the floor, the peak, evictions,
+    # recomputations) are those of the Python front end, which tells every op at once, with no budget and at 70% of
+    # the peak (where it evicts)
     def step():
         torch.manual_seed(0)
         w = torch.randn(64, 64, requires_grad=True)
@@ -646,24 +647,27 @@ def test_at_no_budget_ops_that_make_no_memory_are_queued_and_the_core_counts_as_
         return w.grad.clone()
 
     ref = step()
-    keys = ("ops", "floor_bytes", "peak_bytes", "evictions")
-    counts, queued = {}, {}
-    for label, budget in (("queued", None), ("told at once", 1 << 30)):
-        before = native.load().counters()["queued"]
+    keys = ("floor_bytes", "peak_bytes", "evictions", "rematerializations", "banished")
+    torch_dtr.enable()
+    step()
+    peak = _python_stats()["peak_bytes"]
+    torch_dtr.disable()
+    for budget in (None, int(0.7 * peak)):
+        torch_dtr.enable(budget=budget)
+        step()
+        py = _python_stats()
+        torch_dtr.disable()
+        before = native.load().counters()
         native.enable(budget, grads_in_place=False)
         got = step()
         s = native.stats()
         native.disable()
         assert torch.equal(got, ref)
-        counts[label] = tuple(s[k] for k in keys)
-        queued[label] = native.load().counters()["queued"] - before
-    assert queued["queued"] >= 6 * 3 and queued["told at once"] == 0, queued  # t, view, transpose per layer
-    assert counts["queued"] == counts["told at once"], counts
-    torch_dtr.enable()
-    step()
-    py = _python_stats()
-    torch_dtr.disable()
-    assert counts["queued"][1:3] == (py["floor_bytes"], py["peak_bytes"])
+        assert s["queued"] - before["queued"] >= 6 * 2, budget  # t, transpose per layer at least
+        assert s["ops"] == s["managed_ops"] - before["managed_ops"], budget  # the core was told every op once
+        assert tuple(s[k] for k in keys) == tuple(py[k] for k in keys), (budget, s, py)
+        if budget is not None:
+            assert s["evictions"] > 0 and s["rematerializations"] > 0, s
 
 
 def test_each_session_removes_its_gradient_hooks_on_disable_and_is_freed_with_no_budget():

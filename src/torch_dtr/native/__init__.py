@@ -80,14 +80,15 @@
 #    it (with a dispatch mode on, the engine treats every tensor as a subclass and never writes in place), so the
 #    two front ends' decisions differ on programs that sum gradients (``grads_in_place=False`` makes them equal).
 #    The bench's LSTM loop with the host tier: 1.59x -> 1.27x plain at 50% of its peak (docs/swap-live.md).
-# 10. Queued ops (front.cpp, rule 7): with no budget, an op that makes no memory (views, ``detach``, ``t``: half
-#    the calls into the core on the bench's GPT-2) only touches its inputs' staleness and counts; the kernel
-#    queues it instead of calling ``ran``, and hands the queue over with the next call (``before``, ``ran``),
-#    or the session takes it (``Session.flush``, with the handles that died since) first in every other entry
-#    into the core: the out-of-memory retry, an optimizer's step, a written constant, a constant's death, an
-#    unwrapped gradient, ``stats``, ``set_budget``, ``disable``. The core sees the same events in the same order.
-#    3.1 -> 2.5 us per ``t()`` here. Under a budget every op is told at once (its staleness feeds the next
-#    eviction).
+# 10. Queued ops (front.cpp, rule 7): an op that makes no memory (views, ``detach``, ``t``: half the calls into
+#    the core on the bench's GPT-2) and needs nothing first (no input to bring back, no room to make, no handle
+#    death to tell) only touches its inputs' staleness and counts; the kernel queues it instead of calling
+#    ``ran``, and hands the queue over with the next call (``before``, ``ran``), or the session takes it
+#    (``Session.flush``, with the handles that died since) first in every other entry into the core: the
+#    out-of-memory retry, an optimizer's step, a written constant, a constant's death, an unwrapped gradient,
+#    ``stats``, ``set_budget``, ``disable``. The core sees the same events in the same order. 3.1 -> 2.5 us per
+#    ``t()`` here. Under a budget too: an eviction is decided only inside a call into the core, which takes the
+#    queue first, so the staleness it reads is the same as if each op had been told at once.
 # 11. Escaped values: an op whose output has no strided storage of its own (a sparse gradient built from managed
 #    values, a nested tensor) may hold managed inputs inside it, where the ops that read it (an optimizer's plain
 #    ``add_``) never reach the kernel with them: its managed inputs are pinned (``Session.pin``), never evicted.

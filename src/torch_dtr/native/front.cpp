@@ -30,8 +30,8 @@
 //    (InputBuffer accumulates in place only then). The last handle to let go of the StorageImpl (dying,
 //    released, or given another storage by `t.data = other`) hands it back first (Handle::keep); a dying buffer
 //    takes it back if a tensor still holds it. A written value's new slot lends the StorageImpl the same way.
-// 7. With no budget, an op that made no memory (a view, `detach`, `t`) and found nothing for the core to do first
-//    (no deaths, no lock) is queued, not told: the next call into the core (before, ran, or the session's own
+// 7. An op that made no memory (a view, `detach`, `t`) and found nothing for the core to do first (no deaths, no
+//    lock, no room to make) is queued, not told: the next call into the core (before, ran, or the session's own
 //    entries through `take_views`) hands the queue over first, so the core sees the same events in the same order
 //    (NOTE [ Native front end ] 10).
 #include <torch/extension.h>
@@ -1635,7 +1635,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
   py::object storages;
-  if (fresh.empty() && writes.empty() && held.is_none() && g_py->budget < 0 && !g_py->closed && !dead && !escaped) {
+  if (fresh.empty() && writes.empty() && held.is_none() && !g_py->closed && !dead && !escaped) {
     g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
