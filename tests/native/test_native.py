@@ -988,7 +988,8 @@ def test_the_kernels_cost_model_equals_the_python_one_and_asks_python_only_for_p
 def test_passthrough_runs_every_op_plainly_through_the_fallback_and_ends_cleanly():
     """native.passthrough (benchmarks' floor of the mechanism): the thread's ops reach the fallback, which only
     passes them down: a training step's gradients equal plain PyTorch's bit for bit, nothing is managed, the
-    thread's dispatch bit is gone afterwards, and it is refused while a session manages the thread."""
+    thread's dispatch bit is gone afterwards; it is refused while a session manages the thread, and while a
+    managed tensor of an ended session lives (its ops need the front end)."""
     ext = native.load()
 
     def step():
@@ -1010,4 +1011,12 @@ def test_passthrough_runs_every_op_plainly_through_the_fallback_and_ends_cleanly
     with pytest.raises(RuntimeError, match="session is enabled"):
         with native.passthrough():
             pass
+    kept = torch.tanh(torch.randn(8, 8, requires_grad=True))  # managed, outlives its session
     native.disable()
+    with pytest.raises(RuntimeError, match="1 storages of managed tensors are alive"):
+        with native.passthrough():
+            pass
+    assert not ext.attached()
+    del kept
+    with native.passthrough():
+        assert ext.attached()

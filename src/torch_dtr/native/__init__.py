@@ -331,7 +331,7 @@ def passthrough(blocks: bool = False) -> Iterator[None]:
     front end's dispatch-key fallback, which passes it straight down (no session, no Python, no GIL): what any
     boxed fallback costs before it does anything, as a do-nothing ``TorchDispatchMode`` is the floor of a Python
     mode. ``blocks``: the CPU blocks allocator is on too (NOTE [ Native front end ] 7). Refused while a session
-    is enabled."""
+    is enabled, and while managed tensors of an ended one live (their ops need the front end)."""
     ext = load()
     if _SESSION is not None and _SESSION.active:
         raise RuntimeError("torch_dtr.native.passthrough: a session is enabled; call torch_dtr.native.disable() "

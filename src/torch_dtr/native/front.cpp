@@ -503,9 +503,15 @@ struct Below {  // ops run inside are not the program's (exception-safe)
 // (its `g_depth > 0` path: no facts, no scan, no GIL)
 thread_local bool t_passthrough = false;
 
+// managed tensors alive, of any session (buffers made, less those whose death is queued)
+int64_t live_buffers();
+
 void set_passthrough(bool on) {
   if (on == t_passthrough) return;
   TORCH_CHECK(!on || !attached(), "torch_dtr native: passthrough() while the front end manages this thread's ops");
+  const int64_t live = on ? live_buffers() : 0;
+  TORCH_CHECK(live == 0, "torch_dtr native: passthrough() while ", live, " storages of managed tensors are alive: ",
+              "their ops need the front end (an evicted one would be read without its data); delete them first");
   t_passthrough = on;
   g_depth += on ? 1 : -1;
   attach(on);
@@ -1129,6 +1135,14 @@ void lock_core() {
   g_mutex.lock();
 }
 void unlock_core() { g_mutex.unlock(); }
+
+int64_t live_buffers() {
+  Lock lock;
+  int64_t n = 0;
+  for (int64_t b : *g_buffers) n += b;
+  std::lock_guard<pool::Spin> dead(g_dead_mutex);
+  return n - static_cast<int64_t>(g_dead.size());
+}
 
 py::list take_dead_locked() {  // for the session's own entries (flush): the deaths since the kernel's last call
   Lock lock;
