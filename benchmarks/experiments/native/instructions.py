@@ -9,14 +9,16 @@ inlined template after whichever library it met first). Instructions are not tim
 wait costs more than its instructions), but they move with the code, not with the neighbours.
 
     PYTHONPATH=src python benchmarks/experiments/native/instructions.py [chain|gpt2|lstm] [--steps 5 25]
-        [--top 30] [--jobs 2] [--floor]
+        [--top 30] [--jobs 2] [--floor] [--budget]
 
-``--floor``: a third contender, the mechanism's floor (``torch_dtr.native.passthrough(blocks=True)``: every op
-through the fallback, passed straight down, with the front end's CPU allocator), so that what the front end's
-own work adds shows apart from what any boxed fallback pays.
+``--budget``: native runs under a budget far above the peak (1 TiB: the whole path, size prediction and
+the room's bookkeeping, never an eviction) instead of with none. ``--floor``: a third contender, the
+mechanism's floor (``torch_dtr.native.passthrough(blocks=True)``: every op through the fallback, passed
+straight down, with the front end's CPU allocator), so that what the front end's own work adds shows apart
+from what any boxed fallback pays.
 
 Needs ``valgrind`` and ``callgrind_annotate`` on the PATH. About 4-8 minutes for the chain on 2 cores (callgrind
-runs a program some 50x slower). With ``OUT`` set, also writes OUT/instructions-PROGRAM.txt.
+runs a program some 50x slower). With ``OUT`` set, also writes OUT/instructions-PROGRAM[-budget].txt.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import tempfile
 WHO = ("plain", "native")
 
 
-def child(who: str, program: str, steps: int) -> None:
+def child(who: str, program: str, steps: int, budget: int | None = None) -> None:
     """Warm up, switch ``who`` on, run ``steps`` steps; print the managed ops per step."""
     import torch
 
@@ -60,7 +62,7 @@ def child(who: str, program: str, steps: int) -> None:
     if who == "native":
         from torch_dtr import native
 
-        native.enable(None)
+        native.enable(budget)
         for _ in range(4):  # the caches of call signatures fill here, outside what is counted apart
             step()
         before = native.stats()["managed_ops"]
@@ -79,10 +81,10 @@ def child(who: str, program: str, steps: int) -> None:
     print(f"managed_ops_per_step {ops}")
 
 
-def counted(who: str, program: str, steps: int, out: str) -> tuple[str, float]:
+def counted(who: str, program: str, steps: int, out: str, budget: bool = False) -> tuple[str, float]:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # no idle BLAS threads spinning
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--cache-sim=no", sys.executable,
-           __file__, "--child", who, program, str(steps)]
+           __file__, "--child", who, program, str(steps)] + (["budget"] if budget else [])
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     m = re.search(r"managed_ops_per_step ([\d.]+)", res.stdout)
     if res.returncode or not m:
@@ -133,7 +135,7 @@ def per_function(path: str) -> tuple[dict[str, int], dict[str, str]]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), 2**40 if sys.argv[5:] == ["budget"] else None)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("program", nargs="?", default="chain", choices=("chain", "gpt2", "lstm"))
@@ -141,6 +143,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--floor", action="store_true", help="also count the fallback alone (passthrough)")
+    ap.add_argument("--budget", action="store_true", help="native under a budget far above the peak (1 TiB)")
     args = ap.parse_args()
     who_all = WHO + ("floor",) if args.floor else WHO
     for tool in ("valgrind", "callgrind_annotate"):
@@ -152,7 +155,8 @@ def main() -> int:
         print(f"instructions: --steps N1 N2 needs N2 > N1 (got {n1} {n2})", file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="dtr-callgrind-")
-    jobs = {(who, n): (who, args.program, n, os.path.join(tmp, f"{who}-{n}.out")) for who in who_all for n in (n1, n2)}
+    jobs = {(who, n): (who, args.program, n, os.path.join(tmp, f"{who}-{n}.out"), args.budget)
+            for who in who_all for n in (n1, n2)}
     print(f"running {len(jobs)} processes under callgrind ({args.jobs} at a time) ...", file=sys.stderr, flush=True)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         done = {k: pool.submit(counted, *v) for k, v in jobs.items()}
@@ -171,7 +175,8 @@ def main() -> int:
              for k in set(per_step["native"]) | set(per_step["plain"])}
     total = {who: sum(v.values()) for who, v in per_step.items()}
     lines = [f"# Instructions per step, {args.program}: callgrind, steps {n1} and {n2}, one thread, "
-             f"{'compiled' if os.environ.get('TORCH_DTR_CORE') == 'compiled' else 'interpreted'} core", "",
+             f"{'compiled' if os.environ.get('TORCH_DTR_CORE') == 'compiled' else 'interpreted'} core, native "
+             f"{'under a budget far above the peak' if args.budget else 'with no budget'}", "",
              f"plain {total['plain']:,.0f} a step; native {total['native']:,.0f}; managed ops a step {managed:.0f}; "
              f"**added per managed op {sum(added.values()) / managed:,.0f}**", "",
              "| library | instructions added per managed op |", "| --- | ---: |"]
@@ -196,7 +201,8 @@ def main() -> int:
     report = "\n".join(lines) + "\n"
     print(report)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], f"instructions-{args.program}.txt"), "w") as f:
+        name = f"instructions-{args.program}{'-budget' if args.budget else ''}.txt"
+        with open(os.path.join(os.environ["OUT"], name), "w") as f:
             f.write(report)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
