@@ -196,9 +196,42 @@ def test_a_value_held_across_an_optimizer_step_keeps_its_value():
     held = native.load().storage_of(h)
     s.rt.evict(held)
     assert not held.resident
+    told = native.stats()["constant_writes_told"]
     opt.step()  # writes m[0].weight, which h's recipe read
+    assert native.stats()["constant_writes_told"] > told  # a live recipe reads it: the core was told
     assert held.resident and held.pinned and s.rt.stats().rematerializations >= 1
     assert torch.equal(h.detach() * 1, expected)
+
+
+def test_an_optimizer_step_that_no_live_value_read_is_not_told_to_the_core():
+    """NOTE [ Native front end ] 12: in a training loop no value the forward made lives at the step, so the writes
+    to the parameters reach no live recipe; the core is not called for them (no GIL taken), its list of each
+    parameter's readers stays bounded, and the results equal plain PyTorch's."""
+    from torch_dtr.core.feed import _PRUNE
+
+    def run(managed: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        x = torch.randn(8, 16)
+        s = native.enable() if managed else None
+        before = None
+        for i in range(3 * _PRUNE):
+            if i == 2:
+                before = native.stats() if managed else None
+            m(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        if managed:
+            after = native.stats()
+            steps = 3 * _PRUNE - 2
+            assert after["constant_writes_told"] == before["constant_writes_told"]
+            assert after["constant_writes_untold"] - before["constant_writes_untold"] == 4 * steps  # 4 parameters
+            assert max(map(len, s.feed.readers.values())) <= 2 * _PRUNE  # pruned as they grow
+            native.disable()
+        return [p.detach().clone() for p in m.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(False), run(True), strict=True))
 
 
 def test_in_place_writes_keep_versions_at_70_and_50():

@@ -174,6 +174,8 @@ int64_t take_plain() { return g_count_plain ? g_plain_bytes.exchange(0) : 0; }
 // closure (the first managed op under grad mode ends it: the step raised), 2 one with a closure
 std::atomic<int> g_stepping{0};
 int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses = 0, g_cost_misses = 0, g_queued = 0;
+// writes to constants that recipes had read: told to the core (live readers), and not (none left alive)
+int64_t g_writes_told = 0, g_writes_untold = 0;
 
 // the queued ops that made no memory, for the next call into the core (rule 7); None when there are none
 py::object take_views() {
@@ -803,10 +805,21 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
 }
 
 // ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
+// The recipes alive that read one constant: each holds a reference (Input::reader), the constant's entry one more.
+// A write to a constant that no live recipe reads is not told to the core (NOTE [ Native front end ] 12).
+struct Readers : c10::intrusive_ptr_target {};
+
 struct Seen {  // a constant storage, counted while a tensor seen on it lives (as eager/constants.py counts)
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   int64_t nbytes;
   bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
+  c10::intrusive_ptr<Readers> readers;  // (null until a recipe reads it)
+  // whether a recipe alive reads it (those that died have let go of `readers`; their ops' recipes are gone)
+  bool read_live() const { return readers && readers.use_count() > 1; }
+  c10::intrusive_ptr<Readers> reader() {
+    if (!readers) readers = c10::make_intrusive<Readers>();
+    return readers;
+  }
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> tensors;  // the tensors seen on it
   bool alive() {
     if (storage.expired()) return false;
@@ -838,6 +851,7 @@ struct Input {  // a recipe's tensor argument: a managed storage and the view of
   int64_t version = -1;  // a plain tensor's version counter when recorded (-1: not checked)
   bool conj = false, neg = false;  // lazy conjugation and negation bits of the view read
   bool scratch = false;  // written by the op (running statistics in training mode): a replay writes a clone
+  c10::intrusive_ptr<Readers> reader;  // a constant's: the recipe counts among its live readers (Seen::read_live)
 };
 
 struct Out {  // where a recipe's output goes: the return index, the list element (-1: none), its slot
@@ -1213,7 +1227,8 @@ void run_managed_op(const c10::OperatorHandle& op, DispatchKeySet below, torch::
 
 void run_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack, size_t start,
                   const Recipe& rec, int64_t need, const py::list& ins, bool release) {
-  const std::vector<IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
+  // (the arguments, kept to run again: inline, no allocation for most ops; every managed op on CUDA copies them)
+  const c10::SmallVector<IValue, 8> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
   for (;;) {
     try {
       run_managed_op(op, below, stack, release);
@@ -1237,7 +1252,7 @@ void run_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::ji
 // moved, and no state was kept for them).
 void run_plain_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::jit::Stack* stack,
                         size_t start) {
-  const std::vector<IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
+  const c10::SmallVector<IValue, 8> args(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
   for (;;) {
     std::exception_ptr oom;
     std::string what;
@@ -1260,8 +1275,31 @@ void run_plain_retrying(const c10::OperatorHandle& op, DispatchKeySet below, tor
 }
 
 // A plain op that writes a constant that recipes read: the core invalidates those recipes first.
+// A write to constants that live recipes read (`hit`), told to the core (NOTE [ Native front end ] 12). Handle
+// deaths not yet told may end those recipes: where some are pending, they are told first (as the core's `written`
+// would take them) and the constants looked at again. Called with the GIL and the kernel's lock held.
+void tell_written(c10::SmallVector<const c10::StorageImpl*, 4>& hit, const py::object& name) {
+  if (dead_pending()) {
+    g_py->session.attr("flush")();
+    size_t n = 0;
+    for (auto* si : hit) {
+      auto it = g_seen.find(si);
+      if (it != g_seen.end() && it->second.read_live()) hit[n++] = si;
+      else ++g_writes_untold;
+    }
+    hit.resize(n);
+  }
+  if (hit.empty()) return;
+  py::list keys;
+  for (auto* si : hit) keys.append(reinterpret_cast<intptr_t>(si));
+  ++g_writes_told;
+  g_py->written(keys, name);
+}
+
+// Called with the kernel's lock held and without the GIL, which it takes only to tell the core of a write that live
+// recipes read (an optimizer's update of a parameter read by a value the program still holds).
 void plain_writes(const c10::OperatorHandle& op, const Facts& f, torch::jit::Stack* stack, size_t start) {
-  py::list hit;
+  c10::SmallVector<const c10::StorageImpl*, 4> hit;
   for (size_t i = 0; i < f.written.size(); ++i) {
     if (!f.written[i]) continue;
     each_tensor((*stack)[start + i], [&](const at::Tensor& t) {
@@ -1269,11 +1307,14 @@ void plain_writes(const c10::OperatorHandle& op, const Facts& f, torch::jit::Sta
       auto it = g_seen.find(t.storage().unsafeGetStorageImpl());
       if (it != g_seen.end() && it->second.read) {
         it->second.read = false;
-        hit.append(reinterpret_cast<intptr_t>(it->first));
+        if (it->second.read_live()) hit.push_back(it->first);
+        else ++g_writes_untold;
       }
     });
   }
-  if (hit.size()) g_py->written(hit, f.name);
+  if (hit.empty()) return;
+  py::gil_scoped_acquire gil;
+  tell_written(hit, f.name);
 }
 
 // A handle made under an earlier session is a constant here: its value (brought back by that session's core
@@ -1381,11 +1422,16 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
             auto& s = g_seen.find(si)->second;
             if (s.read) {
               s.read = false;
-              py::list hit;
-              hit.append(reinterpret_cast<intptr_t>(si));
-              g_py->written(hit, f.name);
+              if (s.read_live()) {
+                c10::SmallVector<const c10::StorageImpl*, 4> hit{si};
+                tell_written(hit, f.name);
+              } else {
+                ++g_writes_untold;
+              }
             }
           }
+          auto seen = g_seen.find(si);  // (after the write: the op is not its own reader; found again, as the core ran)
+          if (seen != g_seen.end()) rec->inputs.back().reader = seen->second.reader();
         }
       }
       return;
@@ -1731,8 +1777,7 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   if (!tagged && !infer && !(grad && at::GradMode::is_enabled())) {
     ++g_plain;
     if (f.writes && !g_seen.empty()) {
-      py::gil_scoped_acquire gil;
-      Lock lock;
+      std::lock_guard<std::recursive_mutex> lock(g_mutex);  // (no GIL: plain_writes takes it where it must)
       if (g_py->active) plain_writes(op, f, stack, start);
     }
     if (g_py->retry && !f.random) run_plain_retrying(op, below, stack, start);
@@ -1935,7 +1980,8 @@ std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
-          {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released}};
+          {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released},
+          {"constant_writes_told", g_writes_told}, {"constant_writes_untold", g_writes_untold}};
 }
 
 }  // namespace
