@@ -27,8 +27,17 @@ def main() -> None:
     for _ in range(5):
         fn()
     skip = [False]
-    register_optimizer_step_pre_hook(lambda *_: skip[0] and ext.set_passthrough(False))
-    register_optimizer_step_post_hook(lambda *_: skip[0] and ext.set_passthrough(True))
+
+    def pre(*_: object) -> None:  # (a pre-hook returns None or new arguments)
+        if skip[0]:
+            ext.set_passthrough(False)
+
+    def post(*_: object) -> None:
+        if skip[0]:
+            ext.set_passthrough(True)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
     times: dict[str, list[float]] = {"plain": [], "floor": [], "floor, step bypassed": []}
     for _ in range(15):
         for who in times:
