@@ -1143,6 +1143,21 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
 // Python's own entries into the core (set_budget, stats, disable, empty_cache) from any thread take the kernel's
 // lock, waiting for it without the GIL (rule 4): a managed op in flight without the GIL has inputs that a budget
 // moved by another thread must not evict under it
+// The kernel's lock for the plain path, which may run with or without the GIL (an op called by code that holds
+// it): it waits without the GIL either way (rule 4)
+struct LockAny {
+  std::unique_lock<std::recursive_mutex> lock;
+  LockAny() : lock(g_mutex, std::try_to_lock) {
+    if (lock.owns_lock()) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      lock.lock();
+    } else {
+      lock.lock();
+    }
+  }
+};
+
 void lock_core() {
   if (g_mutex.try_lock()) return;
   py::gil_scoped_release nogil;
@@ -1274,7 +1289,6 @@ void run_plain_retrying(const c10::OperatorHandle& op, DispatchKeySet below, tor
   }
 }
 
-// A plain op that writes a constant that recipes read: the core invalidates those recipes first.
 // A write to constants that live recipes read (`hit`), told to the core (NOTE [ Native front end ] 12). Handle
 // deaths not yet told may end those recipes: where some are pending, they are told first (as the core's `written`
 // would take them) and the constants looked at again. Called with the GIL and the kernel's lock held.
@@ -1777,7 +1791,7 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   if (!tagged && !infer && !(grad && at::GradMode::is_enabled())) {
     ++g_plain;
     if (f.writes && !g_seen.empty()) {
-      std::lock_guard<std::recursive_mutex> lock(g_mutex);  // (no GIL: plain_writes takes it where it must)
+      LockAny lock;  // (not the GIL: plain_writes takes it where it must)
       if (g_py->active) plain_writes(op, f, stack, start);
     }
     if (g_py->retry && !f.random) run_plain_retrying(op, below, stack, start);
