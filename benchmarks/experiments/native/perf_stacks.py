@@ -20,6 +20,7 @@ set.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import shutil
@@ -115,19 +116,14 @@ def split(samples: list[tuple[str, list[str]]], depth: int, top: int) -> list[st
 
 
 def main() -> None:
-    args = sys.argv[1:]
-
-    def opt(flag: str, default: str) -> str:
-        if flag in args:
-            i = args.index(flag)
-            value = args[i + 1]
-            del args[i:i + 2]
-            return value
-        return default
-
-    size, seconds = opt("--size", "quick"), float(opt("--seconds", "5"))
-    depth, top = int(opt("--depth", "2")), int(opt("--top", "25"))
-    name = args[0] if args else "gpt2"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workload", nargs="?", default="gpt2")
+    ap.add_argument("--size", default="quick")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    name, size, seconds, depth, top = a.workload, a.size, a.seconds, a.depth, a.top
     if shutil.which("perf") is None:
         print("perf_stacks: `perf` is not on the PATH (linux-tools)", file=sys.stderr)
         raise SystemExit(2)
