@@ -1432,20 +1432,18 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
           }
           it->second.saw(t);
           reads.push_back(si);
-          if (f.written[i]) {
-            auto& s = g_seen.find(si)->second;
-            if (s.read) {
-              s.read = false;
-              if (s.read_live()) {
-                c10::SmallVector<const c10::StorageImpl*, 4> hit{si};
-                tell_written(hit, f.name);
-              } else {
-                ++g_writes_untold;
-              }
+          if (f.written[i] && it->second.read) {
+            it->second.read = false;
+            if (it->second.read_live()) {
+              c10::SmallVector<const c10::StorageImpl*, 4> hit{si};
+              tell_written(hit, f.name);
+              it = g_seen.find(si);  // (the core ran: found again)
+            } else {
+              ++g_writes_untold;
             }
           }
-          auto seen = g_seen.find(si);  // (after the write: the op is not its own reader; found again, as the core ran)
-          if (seen != g_seen.end()) rec->inputs.back().reader = seen->second.reader();
+          // (after the write: the op is not its own reader)
+          if (it != g_seen.end()) rec->inputs.back().reader = it->second.reader();
         }
       }
       return;
