@@ -10,7 +10,7 @@ the front end below it with this kernel (one in C++ would also save the crossing
 budget); the skipped core keeps no records, so those runs are timed only.
 
     PYTHONPATH=src TORCH_DTR_CORE=compiled python benchmarks/experiments/native/core_ceiling.py [WORKLOAD ...]
-        [--rounds 30] [--steps 10]
+        [--rounds 30] [--steps 8]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("workloads", nargs="*", default=["gpt2"])
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=8, help="steps per turn (a multiple of the 4 batches)")
     ap.add_argument("--warm", type=int, default=5)
     a = ap.parse_args()
     for wl in a.workloads:
