@@ -66,7 +66,7 @@ def main() -> None:
         if who == "native, core skipped":
             _skip_core()
             who = "native"
-        steady.child(sys.argv[2], who, int(sys.argv[4]))
+        steady.child(sys.argv[2], who, int(sys.argv[4]), sys.argv[5])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("workloads", nargs="*", default=["gpt2"])
@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=5)
     a = ap.parse_args()
     for wl in a.workloads:
-        times = steady.measure(wl, list(WHO), a.rounds, a.steps, a.warm, script=__file__)
+        turns = steady.measure(wl, list(WHO), a.rounds, a.steps, a.warm, "cpu", script=__file__)
+        times = {w: [t["s"] for t in v] for w, v in turns.items()}
         base = statistics.median(times["plain"])
         print(f"{wl}: processes taking turns, {a.rounds} rounds of {a.steps} steps; median step, ratio to plain's, "
               f"range of the per-round ratios")
