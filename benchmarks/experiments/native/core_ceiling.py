@@ -6,8 +6,9 @@ passed down, nothing else); the native front end at no budget; and the same with
 kernel (``before``, ``ran``, the handle deaths, the queue) replaced by functions that return at once. The last
 keeps the kernel's own work (scan, recipes, payloads, handles, the cost cache) and the crossing into Python with
 the argument lists it builds, and drops everything the core does: no core, compiled or written in C++, can take
-the front end below it with this kernel (one in C++ would also save the crossing). Nothing is evicted (no
-budget); the skipped core keeps no records, so those runs are timed only.
+the front end below it with this kernel (one in C++ would also save the crossing). The stand-ins are interpreted
+Python functions, so their own calls (one or two per managed op) stay in the figure: it bounds the kernel's cost
+from above. Nothing is evicted (no budget); the skipped core keeps no records, so those runs are timed only.
 
     PYTHONPATH=src TORCH_DTR_CORE=compiled python benchmarks/experiments/native/core_ceiling.py [WORKLOAD ...]
         [--rounds 30] [--steps 8]
