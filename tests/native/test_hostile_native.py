@@ -2,8 +2,9 @@
 its closure many times (LBFGS), activation checkpointing inside a managed model, a gradient penalty (double
 backward), two backwards through one graph, fused and foreach optimizers, mixed precision with a gradient scaler,
 inference mode, a custom autograd function with a gradient hook, gradient accumulation, attention with in-place
-writes into views, an averaged copy of the model and a checkpoint saved and loaded back mid-run. Each runs whole
-(model built, trained, read back) under each front end with no budget and at 60% of its own peak with no budget,
+writes into views, an averaged copy of the model and a checkpoint saved and loaded back mid-run, forward-mode AD.
+Each runs whole (model built, trained, read back) under each front end with no budget and at 60% of its own peak
+with no budget,
 and must give plain PyTorch's values bit for bit; at 60% the budget must hold and evictions must have happened
 (so the recomputations were exercised, not skipped)."""
 
@@ -241,9 +242,25 @@ def ema_and_checkpoint_files() -> list[torch.Tensor]:
     return [p.detach().clone() for p in (*m.parameters(), *ema.parameters())] + [held, saved["h"]]
 
 
+def forward_mode_ad() -> list[torch.Tensor]:
+    """A dual tensor through a trainable MLP (forward-mode AD): the tangents of the parameters, which have none,
+    are ZeroTensors, whose ops compute their shapes on meta tensors and copy with a named device (``_to_copy(x,
+    device=cpu)``). The Python front end crashed on them (a ``to(device="meta")`` kept as a view of its input),
+    and the native one passed its budget (those copies went unsized)."""
+    layers: list[torch.nn.Module] = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(32, 32), torch.nn.Tanh()]
+    m = torch.nn.Sequential(*layers)
+    g = torch.Generator().manual_seed(5)
+    x, tangent = torch.randn(16, 32, 32, generator=g), torch.randn(16, 32, 32, generator=g)
+    with torch.autograd.forward_ad.dual_level():
+        primal, out = torch.autograd.forward_ad.unpack_dual(m(torch.autograd.forward_ad.make_dual(x, tangent)))
+        return [primal.detach().clone(), out.detach().clone()]
+
+
 PROGRAMS = {f.__name__: f for f in (lbfgs, checkpointed, gradient_penalty, two_backwards, fused_adam,
                                     foreach_adam, scaled_bf16, inference_mode, custom_function_and_hooks,
-                                    accumulated, attention_and_views, ema_and_checkpoint_files)}
+                                    accumulated, attention_and_views, ema_and_checkpoint_files, forward_mode_ad)}
 
 
 FRONTS = {"native": (native.enable, native.disable, native.stats),

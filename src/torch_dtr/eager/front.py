@@ -357,7 +357,7 @@ class Front:
             flat = flat_outputs(out)
             if self.model:
                 cost = model_cost(fi.func, pargs, pkwargs, flat, self.rates if on_cuda else "cpu")
-            fresh, aliased = self._fresh(fi, flat, refs)
+            fresh, aliased = self._fresh(fi, flat, refs, consts)
             if fi.learns_size:  # NOTE [ Size prediction ] 6
                 self.sizes.learn(fi, pargs, pkwargs, sum(flat[i].untyped_storage().nbytes() for i in fresh))
             written = [s for s in cow if s.deps or s.recomputable]  # else pinned and unread: a plain write
@@ -424,7 +424,8 @@ class Front:
             flat = [out] if type(out) is _TENSOR else flat_outputs(out)
             if self.model:
                 cost = model_cost(fi.func, pargs, pkwargs, flat, self.rates if on_cuda else "cpu")
-            fresh = [i for i, o in enumerate(flat) if type(o) is _TENSOR and o.layout == _STRIDED and not o.is_nested]
+            fresh = [i for i, o in enumerate(flat)
+                     if type(o) is _TENSOR and o.layout == _STRIDED and not o.is_nested and not o.is_meta]
             op, recipe = self._record(fi, args, kwargs, targs, tkwargs, refs, ins, consts, versions, None, cost,
                                       fresh, [], flat, False)
             if on_cuda and op is not None and self.timer is not None:
@@ -519,17 +520,29 @@ class Front:
         return out, time.perf_counter() - t0, None
 
     @staticmethod
-    def _fresh(fi: FuncInfo, flat: list[Any], refs: list[Ref]) -> tuple[list[int], dict[int, Ref | None]]:
+    def _fresh(fi: FuncInfo, flat: list[Any], refs: list[Ref],
+               consts: list[torch.Tensor]) -> tuple[list[int], dict[int, Ref | None]]:
         """Indices of the outputs with storage of their own, and outputs that alias an input unannounced."""
         rets = fi.returns
         # sparse, nested and other storage-less layouts stay plain: computed eagerly, never evicted (not counted)
         # (and wrapper subclasses such as the collectives' AsyncCollectiveTensor: no storage of their own)
+        # (and meta tensors, which hold no memory: a ZeroTensor's forward-mode tangent computes its shape on them)
         fresh = [i for i, o in enumerate(flat) if type(o) is _TENSOR and rets[min(i, len(rets) - 1)] is None
-                 and o.layout == _STRIDED and not o.is_nested]
+                 and o.layout == _STRIDED and not o.is_nested and not o.is_meta]
         if fi.view_unannotated and fresh:  # an unannotated alias of an input: treat it as a view
             ptrs = {r.storage.payload.untyped_storage().data_ptr(): r for r in refs}
             aliased = {i: ptrs.get(flat[i].untyped_storage().data_ptr()) for i in fresh}
             return [i for i in fresh if aliased[i] is None], aliased
+        if fi.maybe_alias:  # annotated as an alias, new when it converted (``to(device="meta")``): not a view then
+            mine = {t.untyped_storage().data_ptr() for t in (*(r.storage.payload for r in refs), *consts)}
+            aliased: dict[int, Ref | None] = {}
+            for i, o in enumerate(flat):
+                if (isinstance(o, torch.Tensor) and rets[min(i, len(rets) - 1)] is not None
+                        and (o.is_meta or o.untyped_storage().data_ptr() not in mine)):
+                    aliased[i] = None  # (not a view of an input: left as it is, or managed below)
+                    if type(o) is _TENSOR and o.layout == _STRIDED and not o.is_nested and not o.is_meta:
+                        fresh.append(i)
+            return fresh, aliased
         return fresh, {}
 
     def _record(self, fi: FuncInfo, args: tuple, kwargs: dict, targs: Any, tkwargs: dict, refs: list[Ref],
@@ -603,9 +616,10 @@ class Front:
                 recipe.outs.append(s)
             rt.new_version(s, op, override.get(s) if override else None)
         for i, o in enumerate(flat):  # views and in-place returns
-            if i in aliased and aliased[i] is not None:
-                s = aliased[i].storage  # type: ignore[union-attr]  # resident and locked: a view op writes nothing
-                results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
+            if i in aliased:  # checked by data pointer: a view of that input, or none (fresh, or left as it is)
+                if aliased[i] is not None:
+                    s = aliased[i].storage  # type: ignore[union-attr]  # resident and locked: a view op writes nothing
+                    results[i] = DTRTensor(Cell(self, s, geometry(o, s.payload)), o)
                 continue
             ret = rets[min(i, len(rets) - 1)] if rets else None
             if ret is None or not isinstance(o, torch.Tensor):

@@ -17,6 +17,9 @@ _NOT_REPLAYABLE = {"record_stream", "set_", "resize_", "resize_as_", "_local_sca
 # arguments that batch-norm kernels update in training mode, whether or not the schema marks them written
 _RUNNING_STATS = {"running_mean", "running_var"}
 _MAY_CROSS_DEVICE = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"}
+# ops whose schema says the output aliases the input, which return a new tensor when they convert or copy (they
+# are CompositeImplicit, so they reach dispatch only from below autograd: a ZeroTensor's forward-mode tangent)
+_MAYBE_ALIAS = {"to", "contiguous", "reshape", "reshape_as", "flatten", "type_as"}
 # in-place ops that change only a tensor's view metadata (size, stride, offset), never its data
 # ops whose size rule (sizes.py) is an upper bound: the exact bytes are learned after a call, per input shapes
 _SIZE_BOUND = frozenset({"mkldnn_rnn_layer", "mse_loss", "smooth_l1_loss", "binary_cross_entropy", "soft_margin_loss"})
@@ -34,6 +37,7 @@ class FuncInfo:
     - ``replayable``: running it again has no effect beyond its outputs.
     - ``cross_device``: may copy to another device; then its outputs are not replayable.
     - ``view_unannotated``: may alias an input without the schema saying so (checked by data pointer).
+    - ``maybe_alias``: the schema says the output aliases an input, but it is new when the op converts (``to``).
     - ``hidden_writes``: ``(arg_pos, arg_name)`` of arguments the op writes in training mode although the
       schema does not say so (``native_batch_norm``'s running statistics), with ``training`` the position
       of the flag; see NOTE [ In-place mutation ] 4.
@@ -45,7 +49,7 @@ class FuncInfo:
     """
 
     __slots__ = ("func", "op", "name", "returns", "mutated", "random", "replayable", "view_unannotated",
-                 "arg_names", "cross_device", "hidden_writes", "training", "fresh", "restrides",
+                 "arg_names", "cross_device", "maybe_alias", "hidden_writes", "training", "fresh", "restrides",
                  "stats", "learns_size", "nested", "simple")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
@@ -83,6 +87,7 @@ class FuncInfo:
         self.replayable = func.namespace in ("aten", "prims") and packet not in _NOT_REPLAYABLE
         self.view_unannotated = packet in _UNANNOTATED_VIEWS
         self.cross_device = packet in _MAY_CROSS_DEVICE
+        self.maybe_alias = packet in _MAYBE_ALIAS and func.namespace == "aten"
         self.restrides = packet in _RESTRIDE and func.namespace == "aten"
         self.learns_size = packet in _SIZE_BOUND and func.namespace == "aten"  # NOTE [ Size prediction ] 6
         unmarked = [a for a in args if a.name in _RUNNING_STATS and (a.alias_info is None or not a.alias_info.is_write)]

@@ -758,7 +758,12 @@ bool g_check_costs = false;  // tests: misses answered here are asked of Python 
 int64_t g_cost_here = 0, g_cost_mismatches = 0, g_released = 0;  // managed ops run without the GIL
 std::string g_cost_mismatch;  // the first
 
+// An argument of the meta call: tensors as meta tensors of their geometry, a device as `meta` (`_to_copy(x,
+// device=cpu)` on a meta input asks for a copy out of meta and fails, and the op went unsized: eager/sizes.py's
+// rule 7), no generator (a meta kernel takes none of another device).
 IValue to_meta(const IValue& v) {
+  if (v.isDevice()) return IValue(c10::Device(c10::kMeta));
+  if (v.isGenerator()) return IValue();
   if (v.isTensor() && v.toTensor().defined()) {
     const auto& t = v.toTensor();
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
