@@ -1053,3 +1053,33 @@ def test_passthrough_runs_every_op_plainly_through_the_fallback_and_ends_cleanly
     del kept
     with native.passthrough():
         assert ext.attached()
+
+
+def _rebound_then_written() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(64, 64)
+    kept = torch.tanh(lin(x))  # managed: its recipe reads lin.weight
+    lin.weight.data = lin.weight.data * 0.99  # rebound without an op
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # then written in place, as an optimizer's step does
+    more = [torch.tanh(lin(x)) for _ in range(6)]  # room made for these evicts `kept`'s inputs or `kept`
+    return [kept.detach().clone(), sum(m.sum() for m in more).detach()]
+
+
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_a_constant_rebound_through_data_then_written_in_place_at_a_budget_of_100kb(front):
+    """``p.data = v`` rebinds a constant that a live recipe reads, without an op (NOTE [ Native exports ] 6). The
+    native front end did not hear of it: after the parameter was written in place, recomputing ``kept`` raised
+    "aten::addmm cannot be recomputed: a tensor it read was written in place since". Now it brings ``kept`` back
+    (or keeps it) first, as the Python front end does; the values are plain's."""
+    want = _rebound_then_written()
+    enable, disable, stats = FRONTS[front]
+    enable(100_000)
+    try:
+        got = _rebound_then_written()
+        s = stats()
+    finally:
+        disable()
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    assert s["evictions"] > 0 and s["peak_bytes"] <= 100_000

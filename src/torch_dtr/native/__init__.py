@@ -252,7 +252,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     ext.set_lend(bool(grads_in_place))  # rule 9
     install_exports(ext)  # NOTE [ Native exports ]
     guard_storage(ext, True)
-    guard_constants(ext, True)
+    guard_constants(ext, True, lambda: _SESSION)
     ext.attach(True)
     return s
 

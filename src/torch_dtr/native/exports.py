@@ -30,6 +30,11 @@
 #    evicted and they run; under a budget a managed input it reads (or saves for backward) may be evicted
 #    under it, so keep the values that cross into compiled regions plain (``torch_dtr.native`` does not
 #    manage compiled regions yet): a warning says so once per session when one is traced under a budget.
+# 6. ``t.data = v`` on a constant rebinds ``t`` to another storage without an op, and recipes that read ``t`` hold
+#    ``t`` itself: recomputed, they would read ``v``, and once ``v`` was written in place (an optimizer's step)
+#    they could not run at all ("a tensor it read was written in place since"). As for a write to a constant
+#    (NOTE [ Changed constants ] 2), the live recipes that read its storage are told first
+#    (``Session.rebinding``): what they computed that is still needed is brought back, and they are dropped.
 """
 
 from __future__ import annotations
@@ -114,16 +119,23 @@ def _plain(ext: Any, v: Any) -> Any:
     return v
 
 
-def guard_constants(ext: Any, on: bool) -> None:
+def guard_constants(ext: Any, on: bool, session: Any = lambda: None) -> None:
     """``t.data = v`` on a plain ``t``, ``nn.Parameter(v)`` and ``register_buffer(name, v)`` take a managed ``v``'s
-    plain tensor while a session is enabled (rule 4)."""
+    plain tensor while a session is enabled (rule 4); ``t.data = v`` on a constant that recipes read tells the
+    running session (``session()``) first (rule 6)."""
     if on and "data" not in _INSTALLED:
         _INSTALLED["data"] = True
         new, register = _INSTALLED["Parameter.__new__"], _INSTALLED["register_buffer"] = (
             torch.nn.Parameter.__new__, torch.nn.Module.register_buffer)
 
         def set_data(t: torch.Tensor, v: torch.Tensor) -> None:
-            _DATA.__set__(t, v if ext.is_managed(t) else _plain(ext, v))  # (a handle's own: front.cpp rule 6)
+            if ext.is_managed(t):  # (a handle's own: front.cpp rule 6)
+                _DATA.__set__(t, v)
+                return
+            s = session()
+            if s is not None and s.active:
+                s.rebinding(t)
+            _DATA.__set__(t, _plain(ext, v))
 
         def param_new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
             return new(cls, _plain(ext, data), requires_grad)

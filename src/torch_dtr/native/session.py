@@ -125,6 +125,13 @@ class Session:
         if self.feed.written(keys, name):
             self.ext.forget_room()  # values brought back took room
 
+    def rebinding(self, t: torch.Tensor) -> None:
+        """``t.data = v`` is about to rebind the constant ``t`` (NOTE [ Native exports ] 6): the recipes that read
+        its storage are told as for a write to it."""
+        key = t.untyped_storage()._cdata
+        if key in self.readers:
+            self.written([key], "t.data = ...")
+
     def resharding(self, tensors: list[torch.Tensor]) -> None:
         """FSDP2 is about to free these unsharded parameters' storages (NOTE [ Resharded parameters ]): the
         recipes that read them are invalidated (what they computed that is still needed is brought back and
