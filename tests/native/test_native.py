@@ -1083,3 +1083,39 @@ def test_a_constant_rebound_through_data_then_written_in_place_at_a_budget_of_10
         disable()
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     assert s["evictions"] > 0 and s["peak_bytes"] <= 100_000
+
+
+def _folded() -> list[torch.Tensor]:
+    w = torch.nn.Parameter(torch.ones(16, 1, 1))
+    x = torch.randn(8, 16, 32, 32, generator=torch.Generator().manual_seed(2))
+    h = torch.nn.functional.fold(torch.nn.functional.unfold(torch.tanh(x * w), 3, padding=1), (32, 32), 3, padding=1)
+    loss = h.pow(2).mean()
+    loss.backward()
+    return [loss.detach(), w.grad]
+
+
+def test_an_op_that_outgrows_its_meta_kernel_is_reserved_at_its_real_size_after_once_at_12mb():
+    """CPU ``col2im`` (``F.fold``, and ``unfold``'s backward) returns a view of a buffer as large as its input:
+    4.5 MiB where its meta kernel says 512 KiB. The kernel reserved the meta size every time, so every session
+    under a 12 MB budget peaked at the no-budget peak (15.2 MB) silently. Now it learns the real size once it sees
+    it (and says so once), as the Python front end does: the first budgeted run passes the budget, the next keep it."""
+    want = _folded()
+    native.enable(12_000_000)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = _folded()
+        short = native.stats()["sizes_fell_short"]
+    finally:
+        native.disable()
+    said = [str(w.message) for w in caught if "meta kernel said" in str(w.message)]
+    assert short >= 1 and len(said) == 1 and "col2im" in said[0]
+    native.enable(12_000_000)
+    try:
+        second = _folded()
+        s = native.stats()
+    finally:
+        native.disable()
+    assert s["peak_bytes"] <= 12_000_000 and s["sizes_fell_short"] == short  # (counted per process)
+    assert all(torch.equal(a, b) for a, b in zip(want, first, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(want, second, strict=True))

@@ -34,7 +34,9 @@
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
 # 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one
 #    (theirs run plain unless they read managed tensors), torch.compile regions and torch.func transforms (not
-#    told apart), learned sizes (meta kernels only); an op that writes more than one managed value pins them.
+#    told apart), the size rules of eager/sizes.py (meta kernels only: an op whose outputs outgrow its meta kernel's
+#    bytes, CPU ``col2im``, passes the budget once, with a warning, and is reserved at its real size from then on);
+#    an op that writes more than one managed value pins them.
 #    Reads without an op (``numpy()``, DLPack, ``untyped_storage()``, ``data_ptr()``, ``tolist()``) bring the
 #    value back first, and pin it where the memory leaves PyTorch (NOTE [ Native exports ]); a C++ extension
 #    that reads ``data_ptr<T>()`` itself is not seen. Under torch.distributed (DDP, FSDP2, tensor parallelism)

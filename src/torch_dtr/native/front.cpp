@@ -52,7 +52,9 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace {
 
@@ -809,6 +811,25 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
   return bytes;
 }
 
+// An op whose fresh outputs outgrew its meta kernel's bytes (CPU `col2im`, `F.fold`, returns a view of a buffer
+// as large as its input): the real bytes are reserved for the same call signature from now on, and a warning says
+// so once per op, as eager/sizes.py's NOTE [ Size prediction ] 9 does: the budget was exceeded by up to the
+// difference while the op returned, once per signature. Called with the GIL held.
+int64_t g_short = 0;
+void fell_short(const Facts& f, const Key& key, int64_t predicted, int64_t made) {
+  ++g_short;
+  auto it = g_sizes.find(key);
+  if (it != g_sizes.end()) it->second = made;
+  static std::unordered_set<std::string> warned;
+  const std::string name = f.name.cast<std::string>();
+  if (!warned.insert(name).second) return;
+  const std::string msg = "torch_dtr native: " + name + " made " + std::to_string(made) +
+                          " B of outputs where its meta kernel said " + std::to_string(predicted) +
+                          " B, so the budget was exceeded by up to the difference while it returned; from now on "
+                          "the real size is reserved for the same argument shapes. Please report the op.";
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1) < 0) throw py::error_already_set();
+}
+
 // ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
 // The recipes alive that read one constant: each holds a reference (Input::reader), the constant's entry one more.
 // A write to a constant that no live recipe reads is not told to the core (NOTE [ Native front end ] 12).
@@ -1513,6 +1534,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
   int64_t need = 0;
   if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr);
+  const int64_t predicted = need;
   if (need > 0 && g_py->retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
     bool cuda = false;
     for (const auto& in : rec->inputs) cuda |= (in.slot ? in.opts.device() : in.plain.device()).is_cuda();
@@ -1613,6 +1635,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   };
   c10::SmallVector<Fresh, 2> fresh;
   py::list nbytes, values;
+  int64_t made_bytes = 0;
   // an output without a strided storage of its own (sparse, nested) may hold managed inputs inside it (a sparse
   // gradient's values), where no op on it can see them: those inputs are pinned (never evicted) after the op
   bool escaped = false;
@@ -1632,6 +1655,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     auto slot = c10::make_intrusive<Slot>(t.storage());
     // on CUDA counted as the caching allocator counts it, in blocks of 512 bytes (NOTE [ Device memory ] 2)
     const auto n = static_cast<int64_t>(si->nbytes());
+    made_bytes += n;
     nbytes.append(si->device().is_cuda() ? (n + 511) / 512 * 512 : n);
     values.append(value_of(slot));
     fresh.push_back(Fresh{k, elem, std::move(slot)});
@@ -1644,6 +1668,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       for (size_t e = 0; e < l.size(); ++e) classify(l.get(e), k, static_cast<int64_t>(e));
     }
   }
+  if (predicted > 0 && made_bytes > predicted && cacheable) fell_short(f, key, predicted, made_bytes);
   // a miss of the cost cache: the model, here where it can be (NOTE [ Modelled costs ] 4), else in Python
   auto model_cost = [&]() -> double {
     ++g_cost_misses;
@@ -1995,7 +2020,7 @@ void fill_bytes(py::handle v, const at::Tensor& t) {
 
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
-          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"cost_misses", g_cost_misses},
+          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
           {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released},
           {"constant_writes_told", g_writes_told}, {"constant_writes_untold", g_writes_untold}};
