@@ -814,7 +814,7 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
 // An op whose fresh outputs outgrew its meta kernel's bytes (CPU `col2im`, `F.fold`, returns a view of a buffer
 // as large as its input): the real bytes are reserved for the same call signature from now on, and a warning says
 // so once per op, as eager/sizes.py's NOTE [ Size prediction ] 9 does: the budget was exceeded by up to the
-// difference while the op returned, once per signature. Called with the GIL held.
+// difference while the op returned, once per signature. Called with the GIL held, after the core's `ran`.
 int64_t g_short = 0;
 void fell_short(const Facts& f, const Key& key, int64_t predicted, int64_t made) {
   ++g_short;
@@ -1668,7 +1668,6 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       for (size_t e = 0; e < l.size(); ++e) classify(l.get(e), k, static_cast<int64_t>(e));
     }
   }
-  if (predicted > 0 && made_bytes > predicted && cacheable) fell_short(f, key, predicted, made_bytes);
   // a miss of the cost cache: the model, here where it can be (NOTE [ Modelled costs ] 4), else in Python
   auto model_cost = [&]() -> double {
     ++g_cost_misses;
@@ -1787,6 +1786,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       v = l;
     }
   }
+  // last, when the core has its records (a warning raised as an error leaves nothing half told)
+  if (predicted > 0 && made_bytes > predicted && cacheable) fell_short(f, key, predicted, made_bytes);
 }
 
 void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
