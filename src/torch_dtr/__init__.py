@@ -9,14 +9,22 @@
 from .core import BudgetError, InternalError, Policy, Stats
 from .core.policies import POLICIES, register
 
-_EAGER = ("ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
-          "attach", "budget", "disable", "enable", "enabled", "listen",
-          "parse_budget", "reset_peak", "runtime", "stats", "tenant", "unwrap")
+_API = ("Session", "attach", "budget", "disable", "enable", "enabled", "front", "listen", "reset_peak", "runtime",
+        "stats", "tenant", "unwrap")
+_EAGER = ("ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice", "parse_budget")
 
 
 def __getattr__(name: str) -> object:
     # the eager front end imports torch; load it on first use so that ``torch_dtr.core`` (and the
     # simulator) work without torch installed
+    if name in _API:  # torch_dtr/api.py: one entry for both front ends (NOTE [ Choosing the front end ])
+        from . import api
+
+        return getattr(api, name)
+    if name == "native":  # the compiled front end's own module (benchmarks, tests)
+        import importlib
+
+        return importlib.import_module(".native", __name__)
     if name in _EAGER:
         from . import eager
 
@@ -34,8 +42,8 @@ def __getattr__(name: str) -> object:
 __version__ = "0.1.0"
 __all__ = [
     "POLICIES", "BudgetError", "ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
-    "InternalError", "Pool", "Store", "Value", "Policy", "Stats", "attach",
+    "InternalError", "Pool", "Store", "Value", "Policy", "Session", "Stats", "attach",
     "budget",
-    "disable", "enable", "enabled", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
+    "disable", "enable", "enabled", "front", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
     "tenant", "unwrap",
 ]

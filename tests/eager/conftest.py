@@ -10,8 +10,11 @@ if os.environ.get("DTR_TEST_SWAP") == "1":  # every test with the host tier on (
 
 
 @pytest.fixture(autouse=True)
-def _always_disable():
-    """No test may leave the runtime enabled for the next one."""
+def _always_disable(monkeypatch):
+    """No test may leave the runtime enabled for the next one. These tests drive the Python front end (the
+    fallback, NOTE [ Choosing the front end ]) through ``torch_dtr.enable``, subprocesses included;
+    ``DTR_TEST_FRONT=native`` runs them against the compiled one instead."""
+    monkeypatch.setenv("TORCH_DTR_FRONT", os.environ.get("DTR_TEST_FRONT", "python"))
     yield
     torch_dtr.disable()
     gc.collect()

@@ -1108,7 +1108,7 @@ def test_an_op_that_outgrows_its_meta_kernel_is_reserved_at_its_real_size_after_
         short = native.stats()["sizes_fell_short"]
     finally:
         native.disable()
-    said = [str(w.message) for w in caught if "meta kernel said" in str(w.message)]
+    said = [str(w.message) for w in caught if "shape rule said" in str(w.message)]
     assert short >= 1 and len(said) == 1 and "col2im" in said[0]
     native.enable(12_000_000)
     try:

@@ -190,6 +190,24 @@ _RULES: dict[str, Callable[[tuple, dict], int]] = {
 }
 
 
+# the rules above that read only shapes (they run on meta tensors too); the others read the data
+_SHAPE_ONLY = frozenset({"multi_margin_loss_backward", "multilabel_margin_loss_backward",
+                         "fractional_max_pool3d_backward", "geqrf", "mse_loss", "smooth_l1_loss", "binary_cross_entropy",
+                         "soft_margin_loss", "mkldnn_rnn_layer", "_ctc_loss_backward"})
+
+
+def rule_kind(packet: str) -> int:
+    """For the compiled front end (front.cpp, ``Facts.size_rule``): 0 no rule for this aten op, 1 a rule that reads
+    only shapes, 2 a rule that reads the data."""
+    return 0 if packet not in _RULES else 1 if packet in _SHAPE_ONLY else 2
+
+
+def shape_rule_bytes(name: str, args: tuple, kwargs: dict) -> int:
+    """The fresh output bytes of aten op ``name`` ("aten.mse_loss.default") by its shape rule (``rule_kind`` 1),
+    from its arguments as meta tensors."""
+    return int(_RULES[name.split(".")[1]](args, kwargs))
+
+
 _NONE: Any = object()
 _RULE_OF: dict[Any, Any] = {}  # FuncInfo (one per OpOverload) -> its rule or None
 

@@ -540,6 +540,10 @@ struct Facts {  // per operator, read once from its schema
   int64_t training = -1;
   std::vector<bool> kwarg_only;  // per argument
   int cost_kind = 5;  // how the cost model counts its FLOPs (eager/costs.py cost_kind): 0-4 here, 5 in Python
+  // eager/sizes.py's rules for ops whose meta kernel is wrong or missing (NOTE [ Size prediction ] 3, 5, 8):
+  // 0 none, 1 a rule that reads only shapes (run on the meta arguments, then the real size learned per call
+  // signature), 2 a rule that reads the data (size_rule_kind)
+  int size_rule = 0;
   py::object name;  // "aten.mul.Tensor": for the core's messages and the cost model
 };
 
@@ -552,6 +556,11 @@ py::object cost_model() {
 struct Rates {
   double cpu_flops, cpu_bytes, cuda_flops, cuda_bytes;
 };
+py::object size_rules() {  // eager/sizes.py (NOTE [ Size prediction ]), under the GIL
+  static py::object* m = nullptr;
+  if (!m) m = new py::object(py::module_::import("torch_dtr.eager.sizes"));  // never destroyed: no GIL at exit
+  return *m;
+}
 Rates* g_rates = nullptr;  // set with the first facts (under the GIL)
 
 // Facts are built once per operator, under the GIL (their name is a Python string) and a mutex (any thread's
@@ -604,6 +613,7 @@ const Facts& build_facts(const c10::OperatorHandle& op) {
   f.name = py::str(full.substr(0, full.find("::")) + "." + base + "." +
                    (schema.overload_name().empty() ? "default" : schema.overload_name()));
   f.cost_kind = cost_model().attr("cost_kind")(f.name).cast<int>();
+  if (full.rfind("aten::", 0) == 0) f.size_rule = size_rules().attr("rule_kind")(base).cast<int>();
   return g_facts->emplace(&schema, std::move(f)).first->second;
 }
 
@@ -795,6 +805,20 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
     std::vector<const c10::StorageImpl*> ins;
     for (const auto& v : meta)
       if (v.isTensor() && v.toTensor().defined()) ins.push_back(v.toTensor().storage().unsafeGetStorageImpl());
+    if (f.size_rule == 1) {  // a shape rule of eager/sizes.py, on the meta arguments (a cache miss: rare)
+      py::gil_scoped_acquire gil;
+      py::list args;
+      py::dict kwargs;
+      for (size_t i = 0; i < meta.size(); ++i) {
+        py::object a = torch::jit::toPyObject(meta[i]);
+        const auto& arg = op.schema().arguments()[i];
+        if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
+        else args.append(a);
+      }
+      bytes = size_rules().attr("shape_rule_bytes")(f.name, py::tuple(args), kwargs).cast<int64_t>();
+      if (key) g_sizes.emplace(*key, bytes);
+      return bytes;
+    }
     op.redispatchBoxed(DispatchKeySet(c10::DispatchKey::Meta), &meta);
     for (size_t k = 0; k < meta.size() && k < f.returns.size(); ++k) {
       if (f.returns[k]) continue;
@@ -814,19 +838,29 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
 // An op whose fresh outputs outgrew its meta kernel's bytes (CPU `col2im`, `F.fold`, returns a view of a buffer
 // as large as its input): the real bytes are reserved for the same call signature from now on, and a warning says
 // so once per op, as eager/sizes.py's NOTE [ Size prediction ] 9 does: the budget was exceeded by up to the
-// difference while the op returned, once per signature. Called with the GIL held, after the core's `ran`.
-int64_t g_short = 0;
-void fell_short(const Facts& f, const Key& key, int64_t predicted, int64_t made) {
-  ++g_short;
-  auto it = g_sizes.find(key);
-  if (it != g_sizes.end()) it->second = made;
+// difference while the op returned, once per signature. An op that nothing could size (its meta kernel fails: sizes
+// that depend on the data, `nonzero`) is counted and warned about too, but not cached (the data decides); the core
+// evicts right after it either way. Called with the GIL held, after the core's `ran`.
+int64_t g_short = 0, g_unsized = 0;
+void fell_short(const Facts& f, const Key* key, int64_t predicted, int64_t made) {
+  ++(predicted > 0 ? g_short : g_unsized);
+  if (predicted > 0 && key) {
+    auto it = g_sizes.find(*key);
+    if (it != g_sizes.end()) it->second = made;
+  }
   static std::unordered_set<std::string> warned;
   const std::string name = f.name.cast<std::string>();
   if (!warned.insert(name).second) return;
-  const std::string msg = "torch_dtr native: " + name + " made " + std::to_string(made) +
-                          " B of outputs where its meta kernel said " + std::to_string(predicted) +
-                          " B, so the budget was exceeded by up to the difference while it returned; from now on "
-                          "the real size is reserved for the same argument shapes. Please report the op.";
+  const std::string msg =
+      predicted > 0
+          ? "torch_dtr: " + name + " made " + std::to_string(made) + " B of outputs where its shape rule said " +
+                std::to_string(predicted) +
+                " B, so the budget was exceeded by up to the difference while it returned; from now on the real "
+                "size is reserved for the same argument shapes. Please report the op."
+          : "torch_dtr: cannot predict the output size of " + name + " before it runs (no shape rule works for it: its size may depend on the data); " +
+                "the budget was exceeded by up to its " + std::to_string(made) +
+                " B of outputs while it returned, and values were evicted right after it (stats(): "
+                "sizes_unpredicted). Please report the op.";
   if (PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1) < 0) throw py::error_already_set();
 }
 
@@ -1787,7 +1821,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     }
   }
   // last, when the core has its records (a warning raised as an error leaves nothing half told)
-  if (predicted > 0 && made_bytes > predicted && cacheable) fell_short(f, key, predicted, made_bytes);
+  if (g_py->budget >= 0 && made_bytes > predicted && (predicted > 0 ? cacheable : f.size_rule != 1))
+    fell_short(f, cacheable ? &key : nullptr, predicted, made_bytes);
+  else if (f.size_rule == 1 && cacheable && made_bytes != predicted)  // a bound: the real size from now on
+    g_sizes[key] = made_bytes;
 }
 
 void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -2021,7 +2058,7 @@ void fill_bytes(py::handle v, const at::Tensor& t) {
 
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
-          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"cost_misses", g_cost_misses},
+          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"sizes_unpredicted", g_unsized}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
           {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released},
           {"constant_writes_told", g_writes_told}, {"constant_writes_untold", g_writes_untold}};

@@ -1,0 +1,239 @@
+"""``torch_dtr.enable()`` as a new user meets it: it runs the compiled front end (NOTE [ Choosing the front end ]),
+with the API the README documents, and plain PyTorch's results bit for bit. Where the compiled front end cannot be
+built, the Python one runs instead, with one warning."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+
+import pytest
+import torch
+
+import torch_dtr
+from torch_dtr import native
+
+needs_native = pytest.mark.skipif(not native.available(), reason="the C++ front end cannot be built here")
+
+
+@pytest.fixture(autouse=True)
+def _default_front(monkeypatch):
+    monkeypatch.delenv("TORCH_DTR_FRONT", raising=False)
+    yield
+    torch_dtr.disable()
+    gc.collect()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()) for _ in range(12)])
+
+
+def _train(model, steps=3, batch=512):
+    """Losses, gradients of the last step and final parameters, as plain tensors."""
+    opt = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(1)
+    x, y = torch.randn(batch, 64), torch.randn(batch, 64)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(torch_dtr.unwrap(loss).detach().clone())
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        opt.zero_grad()
+    return losses, grads, [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for xs, ys in zip(a, b, strict=True) for x, y in zip(xs, ys, strict=True))
+
+
+def _peak() -> int:
+    with torch_dtr.enable(budget=None):
+        _train(_mlp(), steps=1)
+        return torch_dtr.stats().peak_bytes
+
+
+@needs_native
+def test_enable_runs_the_compiled_front_end_bitwise_within_half_the_peak():
+    plain = _train(_mlp())
+    budget = _peak() // 2
+    s = torch_dtr.enable(budget=budget)
+    assert s.front == "native" and torch_dtr.front() == "native" and torch_dtr.enabled()
+    out = _train(_mlp())
+    st = torch_dtr.stats()
+    torch_dtr.disable()
+    assert _same(out, plain)
+    assert isinstance(st, torch_dtr.Stats) and st.budget_bytes == budget
+    assert st.peak_bytes <= budget and st.evictions > 0 and st.rematerializations > 0
+    after = torch_dtr.stats()  # the last session's counters after disable()
+    assert not torch_dtr.enabled() and (after.peak_bytes, after.rematerializations) == (st.peak_bytes,
+                                                                                      st.rematerializations)
+
+
+@needs_native
+def test_mse_loss_is_sized_by_its_rule_so_a_budget_of_40_percent_holds_without_a_warning():
+    # CPU mse_loss returns a view of its elementwise buffer (its meta kernel says 4 B: NOTE [ Size prediction ] 8)
+    budget = int(_peak() * 0.4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a prediction that fell short warns
+        with torch_dtr.enable(budget=budget):
+            _train(_mlp(), batch=384)  # a batch no earlier test ran: its sizes are not cached yet
+            st = torch_dtr.stats()
+    assert st.peak_bytes <= budget and st.rematerializations > 0
+
+
+@needs_native
+def test_an_op_sized_by_its_data_is_counted_and_warned_about_and_evicted_for_at_once():
+    w = torch.randn(256, 256, requires_grad=True)
+    with torch_dtr.enable(budget=1_150_000):
+        before = native.stats()["sizes_unpredicted"]
+        a = (w * 2).relu()
+        b = a * 3
+        with pytest.warns(RuntimeWarning, match="cannot predict the output size of aten.nonzero"):
+            idx = torch.nonzero(b)  # 256 x 256 x 2 int64: 1 MiB the meta kernel cannot size
+        assert native.stats()["sizes_unpredicted"] == before + 1
+        st = torch_dtr.stats()
+        assert st.evictions > 0 and st.resident_bytes <= 1_150_000  # evicted for right after it
+        assert torch.equal(torch_dtr.unwrap(idx), torch.nonzero(((w.detach() * 2).relu() * 3)))
+
+
+@needs_native
+def test_enable_is_a_context_manager_that_disables_on_an_exception():
+    with pytest.raises(ZeroDivisionError):
+        with torch_dtr.enable(budget="1GiB") as s:
+            assert torch_dtr.enabled() and s.front == "native"
+            1 / 0  # noqa: B018
+    assert not torch_dtr.enabled() and not s.active
+
+
+@needs_native
+def test_enable_again_after_a_budget_error_starts_a_new_session_with_a_warning():
+    w = torch.randn(256, 256, requires_grad=True)
+    torch_dtr.enable(budget=1000)
+    with pytest.raises(torch_dtr.BudgetError, match=r"torch_dtr.enable\(budget="):  # names the public calls
+        (w * 2).sum()
+    with pytest.warns(RuntimeWarning, match="that session is disabled first"):
+        torch_dtr.enable(budget=None)  # a notebook cell run again
+    y = (w * 2).sum()
+    assert torch.equal(torch_dtr.unwrap(y), (w.detach() * 2).sum()) and torch_dtr.enabled()
+
+
+@needs_native
+def test_a_budget_scope_inside_a_session_sets_and_restores_the_budget():
+    with torch_dtr.enable(budget="1GiB"):
+        with torch_dtr.budget("64MiB"):
+            assert torch_dtr.stats().budget_bytes == 64 << 20
+            with pytest.raises(ValueError, match="outermost scope"), torch_dtr.budget("32MiB", swap=True):
+                pass
+        assert torch_dtr.stats().budget_bytes == 1 << 30
+    with torch_dtr.budget("8MiB"):  # outside a session: a session for the scope
+        assert torch_dtr.enabled() and torch_dtr.front() == "native"
+    assert not torch_dtr.enabled()
+
+
+@needs_native
+def test_a_worker_thread_attached_trains_under_the_session_at_half_the_peak_bitwise():
+    plain = _train(_mlp())
+    budget = _peak() // 2
+    out: list = []
+    errors: list = []
+
+    def work():
+        try:
+            with torch_dtr.attach():
+                out.append(_train(_mlp()))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    with torch_dtr.enable(budget=budget):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        st = torch_dtr.stats()
+    assert not errors, errors
+    assert _same(out[0], plain)
+    assert st.peak_bytes <= budget and st.rematerializations > 0  # the worker's ops were managed
+
+
+@needs_native
+def test_listen_unwrap_reset_peak_and_runtime_act_on_the_compiled_session():
+    w = torch.randn(64, 64, requires_grad=True)
+    with torch_dtr.enable(budget=None):
+        kinds: list[str] = []
+        stop = torch_dtr.listen(lambda kind, s: kinds.append(kind))
+        y = (w * 2).tanh()
+        assert native.is_managed(y)
+        rt = torch_dtr.runtime()
+        assert rt is native.current().rt
+        plain = torch_dtr.unwrap(y)
+        assert not native.is_managed(plain) and torch.equal(plain, (w.detach() * 2).tanh())
+        stop()
+        assert "op" in kinds
+        torch_dtr.reset_peak()
+        assert torch_dtr.stats().peak_bytes == torch_dtr.stats().resident_bytes
+
+
+@needs_native
+def test_tenants_ask_for_the_python_front_end_under_the_compiled_one():
+    with torch_dtr.enable(budget="1GiB"):
+        with pytest.raises(RuntimeError, match="front='python'"), torch_dtr.tenant("a"):
+            pass
+        with pytest.raises(KeyError, match="no tenant"):
+            torch_dtr.stats("a")
+    with torch_dtr.enable(budget="1GiB", front="python"), torch_dtr.tenant("a"):
+        assert torch_dtr.front() == "python"
+        assert torch_dtr.stats("a").budget_bytes is not None
+
+
+def test_the_simulated_allocator_and_python_options_choose_the_python_front_end():
+    dev = torch_dtr.SimulatedDevice("64MiB")
+    with torch_dtr.enable(budget="32MiB", device=dev) as s:
+        assert s.front == "python"
+    with torch_dtr.enable(budget=None, costs="time") as s:
+        assert s.front == "python"
+    with pytest.raises(ValueError, match="needs the Python front end"):
+        torch_dtr.enable(budget=None, front="native", device=dev)
+    with pytest.raises(ValueError, match="front must be one of"):
+        torch_dtr.enable(front="fast")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        torch_dtr.enable(budgte="1GiB")
+    assert not torch_dtr.enabled()
+
+
+def test_torch_dtr_front_in_the_environment_chooses_the_python_front_end(monkeypatch):
+    monkeypatch.setenv("TORCH_DTR_FRONT", "python")
+    with torch_dtr.enable(budget=None) as s:
+        assert s.front == "python" and type((torch.ones(2, requires_grad=True) * 2)) is torch_dtr.DTRTensor
+    monkeypatch.setenv("TORCH_DTR_FRONT", "gpu")
+    with pytest.raises(ValueError, match="TORCH_DTR_FRONT must be one of"):
+        torch_dtr.enable()
+
+
+def test_where_the_compiled_front_end_cannot_be_built_the_python_one_runs_with_one_warning(monkeypatch):
+    from torch_dtr import api
+
+    def cannot():
+        raise native.NativeUnavailable("torch_dtr.native: the C++ front end could not be built (no compiler)")
+
+    monkeypatch.setattr(native, "load", cannot)
+    monkeypatch.setattr(api, "_WARNED_FALLBACK", False)
+    plain = _train(_mlp(), steps=1)
+    with pytest.warns(RuntimeWarning, match="The Python front end runs instead"):
+        s = torch_dtr.enable(budget=None)
+    assert s.front == "python"
+    out = _train(_mlp(), steps=1)
+    torch_dtr.disable()
+    assert _same(out, plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch_dtr.enable(budget=None)  # said once
+    torch_dtr.disable()
+
+
+def test_torch_dtr_native_is_reachable_as_an_attribute():
+    import importlib
+
+    assert importlib.import_module("torch_dtr").native is native
