@@ -97,7 +97,7 @@ def test_an_op_sized_by_its_data_is_counted_and_warned_about_and_evicted_for_at_
         assert native.stats()["sizes_unpredicted"] == before + 1
         st = torch_dtr.stats()
         assert st.evictions > 0 and st.resident_bytes <= 1_150_000  # evicted for right after it
-        assert torch.equal(torch_dtr.unwrap(idx), torch.nonzero(((w.detach() * 2).relu() * 3)))
+        assert torch.equal(torch_dtr.unwrap(idx), torch.nonzero((w.detach() * 2).relu() * 3))
 
 
 @needs_native
@@ -206,7 +206,7 @@ def test_the_simulated_allocator_and_python_options_choose_the_python_front_end(
 def test_torch_dtr_front_in_the_environment_chooses_the_python_front_end(monkeypatch):
     monkeypatch.setenv("TORCH_DTR_FRONT", "python")
     with torch_dtr.enable(budget=None) as s:
-        assert s.front == "python" and type((torch.ones(2, requires_grad=True) * 2)) is torch_dtr.DTRTensor
+        assert s.front == "python" and type(torch.ones(2, requires_grad=True) * 2) is torch_dtr.DTRTensor
     monkeypatch.setenv("TORCH_DTR_FRONT", "gpu")
     with pytest.raises(ValueError, match="TORCH_DTR_FRONT must be one of"):
         torch_dtr.enable()

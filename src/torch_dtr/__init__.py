@@ -43,7 +43,6 @@ __version__ = "0.1.0"
 __all__ = [
     "POLICIES", "BudgetError", "ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
     "InternalError", "Pool", "Store", "Value", "Policy", "Session", "Stats", "attach",
-    "budget",
-    "disable", "enable", "enabled", "front", "listen", "parse_budget", "record", "register", "reset_peak", "runtime", "stats",
-    "tenant", "unwrap",
+    "budget", "disable", "enable", "enabled", "front", "listen", "parse_budget", "record", "register", "reset_peak",
+    "runtime", "stats", "tenant", "unwrap",
 ]

@@ -192,8 +192,8 @@ _RULES: dict[str, Callable[[tuple, dict], int]] = {
 
 # the rules above that read only shapes (they run on meta tensors too); the others read the data
 _SHAPE_ONLY = frozenset({"multi_margin_loss_backward", "multilabel_margin_loss_backward",
-                         "fractional_max_pool3d_backward", "geqrf", "mse_loss", "smooth_l1_loss", "binary_cross_entropy",
-                         "soft_margin_loss", "mkldnn_rnn_layer", "_ctc_loss_backward"})
+                         "fractional_max_pool3d_backward", "geqrf", "mse_loss", "smooth_l1_loss",
+                         "binary_cross_entropy", "soft_margin_loss", "mkldnn_rnn_layer", "_ctc_loss_backward"})
 
 
 def rule_kind(packet: str) -> int:
