@@ -3,8 +3,9 @@
 Run as ``python -m torch_dtr.bench.worker '<json spec>'``; prints progress on stderr and one JSON object
 (the result) as the last line of stdout. The spec's ``kind``:
 
-- ``plain``, ``dtr`` (``budget`` in bytes or null; ``swap``: the host tier; ``front``: "native" for the
-  compiled front end; ``grads_in_place``: its option, default true), ``ckpt_block``, ``ckpt_sqrt``, ``compile``
+- ``plain``, ``dtr`` (``budget`` in bytes or null; ``swap``: the host tier; ``front``: "native" or "python",
+  default ``enable()``'s choice; ``grads_in_place``: the compiled front end's option, default true),
+  ``ckpt_block``, ``ckpt_sqrt``, ``compile``
   (``mem_budget``: torch.compile's activation memory budget): train ``warmup`` + ``steps`` steps, time
   the measured ones; plain and checkpointing also run one untimed step under torch-dtr without a budget,
   whose tracked peak is their live bytes in the runtime's own accounting;
@@ -15,7 +16,6 @@ Run as ``python -m torch_dtr.bench.worker '<json spec>'``; prints progress on st
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import resource
@@ -44,28 +44,17 @@ class Thrash(RuntimeError):
     pass
 
 
-_STATS = {f.name for f in dataclasses.fields(torch_dtr.Stats)}
 _STEP_START = [0]  # the runtime's rematerialization count when the current step began (see _train)
 
 
 def _runtime() -> Any:
-    """The core runtime of the session on: the Python front end's or the native one's (None: none is on)."""
-    if torch_dtr.enabled():
-        return torch_dtr.runtime()
-    from .. import native
-
-    s = native.current()
-    return s.rt if s is not None and s.active else None
+    """The core runtime of the running session (None: none runs)."""
+    return torch_dtr.runtime() if torch_dtr.enabled() else None
 
 
 def _unwrap(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor with ``t``'s value, as each front end gives one (its storage pinned in the core)."""
-    if torch_dtr.enabled():
-        return torch_dtr.unwrap(t)
-    from .. import native
-
-    s = native.current()
-    return s.unwrap(t) if s is not None and s.active else t
+    """A plain tensor with ``t``'s value (its storage pinned in the core)."""
+    return torch_dtr.unwrap(t)
 
 
 def _cap_remats(limit: int) -> None:
@@ -138,13 +127,9 @@ def run(spec: dict) -> dict:
             return res | {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         res["compile_s"] = time.perf_counter() - t0
     if kind == "dtr":
-        if spec.get("front") == "native":  # the compiled front end (docs/native.md)
-            from .. import native
-
-            native.enable(spec["budget"], swap=spec.get("swap", False),
-                          grads_in_place=spec.get("grads_in_place", True))
-        else:
-            torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False))
+        # the front end: the default (NOTE [ Choosing the front end ]), or "native" / "python"
+        torch_dtr.enable(budget=spec["budget"], swap=spec.get("swap", False), front=spec.get("front"),
+                         grads_in_place=spec.get("grads_in_place", True))
         _cap_remats(spec.get("max_remats", 10**9))  # per step; run.py passes 3 x ops per step, as the search
     try:
         res |= _train(spec, model, batches, step)
@@ -152,12 +137,8 @@ def run(spec: dict) -> dict:
         res["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
         if kind == "dtr":
-            if spec.get("front") == "native":
-                st = torch_dtr.Stats(**{k: v for k, v in native.stats().items() if k in _STATS})
-                native.disable()
-            else:
-                st = torch_dtr.stats()
-                torch_dtr.disable()
+            st = torch_dtr.stats()
+            torch_dtr.disable()
             res |= {"peak_tracked": st.peak_bytes, "evictions": st.evictions, "remats": st.rematerializations,
                     "remat_s": st.remat_seconds, "search_s": st.search_seconds, "ops": st.ops,
                     "constant_bytes": st.constant_bytes, "ops_per_step": st.ops / n, "swaps_in": st.swaps_in,

@@ -164,8 +164,8 @@ def _build() -> Any:
     except Exception as e:  # no compiler, no ninja, a compile error
         raise NativeUnavailable(
             f"torch_dtr.native: the C++ front end could not be built ({type(e).__name__}: {str(e)[-400:]}); it needs "
-            f"a C++ compiler and ninja (pip install ninja). torch_dtr.enable() runs the Python front end "
-            f"instead.") from e
+            f"a C++ compiler (g++ or clang++: e.g. apt install g++, or xcode-select --install) and ninja (pip "
+            f"install ninja).") from e
     ext.claim()
     took = time.perf_counter() - t0
     if took > 5:
