@@ -237,3 +237,19 @@ def test_torch_dtr_native_is_reachable_as_an_attribute():
     import importlib
 
     assert importlib.import_module("torch_dtr").native is native
+
+
+@needs_native
+def test_setting_data_of_managed_tensors_to_temporaries_keeps_their_values_at_no_budget():
+    x = torch.randn(64, 64, requires_grad=True)
+    with torch_dtr.enable(budget=None):
+        t = x * 2
+        t.data = torch.zeros_like(t)  # a managed temporary, dead right after (it was read freed: a crash)
+        u = x * 3
+        u.data = torch.ones(5)  # a plain one, of another shape
+        v = x * 4
+        v.data = x.detach() * 5
+        gc.collect()
+        churn = [(x * k).exp() for k in range(8)]  # new values take the freed memory
+        assert torch.equal(t, torch.zeros(64, 64)) and torch.equal(u * 2, torch.full((5,), 2.0))
+        assert torch.equal(v, x.detach() * 5) and len(churn) == 8

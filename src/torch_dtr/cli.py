@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="train GPT-2 under budgets and compare memory and time with plain PyTorch")
     d.add_argument("--ratios", type=_ratios, default=(0.5, 0.3),
                    help="budgets as fractions of the unconstrained peak (default 0.5,0.3)")
-    d.add_argument("--steps", type=int, default=4, help="measured steps per contender (default 4)")
+    d.add_argument("--steps", type=int, default=4, help="measured steps per contender, over all rounds (default 4)")
+    d.add_argument("--rounds", type=int, default=2, help="rounds in which the contenders take turns (default 2)")
     d.add_argument("--device", choices=("cpu", "cuda", "sim"), default="cpu",
                    help="cpu (default), cuda (budgets bound torch.cuda.max_memory_allocated), or sim (the CPU with "
                         "a simulated caching allocator)")
@@ -111,13 +112,15 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
         models = tuple(args.model or ("gpt2", "resnet50", "lstm"))
         return bench(models, args.quick, args.out, args.rounds, command)
     if args.cmd == "demo":
+        if args.steps < 1 or args.rounds < 1:
+            p.error(f"--steps and --rounds must be at least 1, got --steps {args.steps} --rounds {args.rounds}")
         if args.device != "cpu":
             from .demo import main_device
 
             return main_device(args.device, args.ratios, args.steps)
         from .demo import main as demo
 
-        return demo(args.ratios, args.steps)
+        return demo(args.ratios, args.steps, args.rounds)
     return 2
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import datetime
-import hashlib
 import io
 import json
 import os
@@ -41,15 +40,6 @@ MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 # ---------------------------------------------------------------------------------------------- the worker
-def _digest(model: Any) -> str:
-    """A hash of every parameter's bytes: equal digests are bitwise equal parameters."""
-    import torch
-
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
 
 def work(spec: dict) -> dict:
     import torch
@@ -146,7 +136,7 @@ def work(spec: dict) -> dict:
                 out |= {"evictions": st.evictions, "remats": st.rematerializations, "oom_retries": st.oom_retries,
                         "syncs": st.syncs, "ops": st.ops, "floor": st.floor_bytes, "peak_counted": st.peak_bytes,
                         "swaps_out": st.swaps_out, "swaps_in": st.swaps_in, "host_peak": st.host_peak_bytes}
-        out |= {"step_s": statistics.median(times), "losses": losses, "digest": _digest(model)}
+        out |= {"step_s": statistics.median(times), "losses": losses, "digest": workloads.digest(model)}
     except (torch_dtr.BudgetError, torch.OutOfMemoryError) as e:
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if cuda:

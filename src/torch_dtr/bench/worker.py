@@ -143,6 +143,8 @@ def run(spec: dict) -> dict:
                     "remat_s": st.remat_seconds, "search_s": st.search_seconds, "ops": st.ops,
                     "constant_bytes": st.constant_bytes, "ops_per_step": st.ops / n, "swaps_in": st.swaps_in,
                     "host_peak": st.host_peak_bytes}
+    if kind in ("plain", "dtr"):
+        res["digest"] = workloads.digest(model)  # the final parameters, to compare bitwise
     res["peak_rss"] = _rss()
     res["rss_over_base"] = res["peak_rss"] - base_rss
     if "error" in res:

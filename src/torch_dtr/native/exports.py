@@ -35,6 +35,10 @@
 #    they could not run at all ("a tensor it read was written in place since"). As for a write to a constant
 #    (NOTE [ Changed constants ] 2), the live recipes that read its storage are told first
 #    (``Session.rebinding``): what they computed that is still needed is brought back, and they are dropped.
+# 7. ``t.data = v`` on a managed ``t``: ``t``'s handle lets go of its value (front.cpp rule 6), and ``t`` becomes
+#    ``v``'s plain tensor, pinned (rule 4), as a constant. Taking a managed ``v`` as it was left ``t`` sharing the
+#    storage of ``v``'s value with no handle of its own: once ``v`` died, the core freed it under ``t``
+#    (``t.data = torch.zeros_like(t)`` read freed memory: a segmentation fault).
 """
 
 from __future__ import annotations
@@ -129,8 +133,8 @@ def guard_constants(ext: Any, on: bool, session: Any = lambda: None) -> None:
             torch.nn.Parameter.__new__, torch.nn.Module.register_buffer)
 
         def set_data(t: torch.Tensor, v: torch.Tensor) -> None:
-            if ext.is_managed(t):  # (a handle's own: front.cpp rule 6)
-                _DATA.__set__(t, v)
+            if ext.is_managed(t):  # t's handle lets go of its value (front.cpp rule 6); t becomes v's plain tensor
+                _DATA.__set__(t, _plain(ext, v))
                 return
             s = session()
             if s is not None and s.active:
