@@ -253,3 +253,31 @@ def test_setting_data_of_managed_tensors_to_temporaries_keeps_their_values_at_no
         churn = [(x * k).exp() for k in range(8)]  # new values take the freed memory
         assert torch.equal(t, torch.zeros(64, 64)) and torch.equal(u * 2, torch.full((5,), 2.0))
         assert torch.equal(v, x.detach() * 5) and len(churn) == 8
+
+
+@needs_native
+def test_torch_func_transforms_and_compiling_a_region_are_said_once_per_session_and_stay_bitwise():
+    from torch.func import grad, vmap
+
+    w = torch.randn(32, 32)
+    x = torch.randn(16, 32)
+
+    def f(v):
+        return (v @ w).tanh().sum()
+
+    def g(v):
+        return (v * 2).sin() @ w
+
+    plain_func, plain_compiled = vmap(grad(f))(x), g(x)
+    for _ in range(2):  # each session says it again, once
+        torch._dynamo.reset()
+        compiled = torch.compile(g, backend="eager")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch_dtr.enable(budget="64MiB"):
+                got = [vmap(grad(f))(x), vmap(grad(f))(x), compiled(x), compiled(x)]
+                got = [torch_dtr.unwrap(t) for t in got]
+        said = [str(c.message) for c in caught if str(c.message).startswith("torch_dtr:")]
+        assert sum("torch.func transforms" in m for m in said) == 1, said
+        assert sum("torch.compile compiles a region" in m for m in said) == 1, said
+        assert all(torch.equal(t, plain_func) for t in got[:2]) and all(torch.equal(t, plain_compiled) for t in got[2:])

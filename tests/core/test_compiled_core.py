@@ -1,8 +1,8 @@
 """The compiled core (NOTE [ Compiled core ]): built from the same sources, it decides as the interpreted one.
 
-The compiled core is built once per test session into a temporary cache folder (10-20 s on 2 cores); each test
-runs a child process with ``TORCH_DTR_CORE=compiled`` and compares with the interpreted core. Skipped where mypy
-or a C compiler is missing.
+The compiled core is built once per test session into a temporary cache folder (10-20 s on 2 cores); the tests
+run child processes with ``TORCH_DTR_CORE=compiled`` (the default) and ``python`` and compare them. Skipped where
+mypy or a C compiler is missing.
 """
 
 from __future__ import annotations
@@ -71,14 +71,22 @@ def test_the_compiled_core_replays_every_policy_as_the_interpreted_one(compiled_
     assert any(o["rematerializations"] > 0 for o in compiled.values())
 
 
-def test_the_core_and_native_tests_pass_on_the_compiled_core(compiled_env):
-    """tests/core and tests/native in a child on the compiled core (tests that replace the runtime's methods
-    skip themselves there): the native front end's decisions equal the Python front end's on it too."""
+def test_the_core_tests_pass_on_the_interpreted_core():
+    """tests/core in a child on the interpreted core (``TORCH_DTR_CORE=python``): the suite runs on the compiled
+    core, the default, where the tests that replace the runtime's methods skip themselves."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/core",
-                        "tests/native", "--deselect", "tests/core/test_compiled_core.py"],
-                       cwd=ROOT, env=compiled_env, capture_output=True, text=True, check=False, timeout=1800)
+                        "--deselect", "tests/core/test_compiled_core.py"],
+                       cwd=ROOT, env=dict(os.environ, TORCH_DTR_CORE="python"), capture_output=True, text=True,
+                       check=False, timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert " passed" in r.stdout
+
+
+def test_the_default_is_the_compiled_core(compiled_env):
+    env = {k: v for k, v in compiled_env.items() if k != "TORCH_DTR_CORE"}  # (its cache: built already)
+    r = subprocess.run([sys.executable, "-c", "import torch_dtr.core as c; print(c.COMPILED)"], env=env,
+                       capture_output=True, text=True, check=False, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
 
 
 def test_an_unknown_mode_warns_and_runs_the_interpreted_core():

@@ -121,7 +121,7 @@ def plan(prog: Program):
 def execute(prog: Program, steps, values, budget: int | None, safe: int, policy: str, sample: bool,
             remat: str = "plan", on_step=None, **runtime_options):
     """Run the program on a runtime; returns (values read, number of accepted BudgetErrors, driver)."""
-    if COMPILED:  # (TORCH_DTR_CORE=compiled: tests/core/test_compiled_core.py runs this folder so)
+    if COMPILED:  # (the default: tests/core/test_compiled_core.py runs this folder on the interpreted core)
         pytest.skip("spies on the runtime's methods, which a compiled class does not let a test replace")
     d = Driver(budget, policy, sample_sqrt=sample, remat=remat, **runtime_options)
     rt = d.rt

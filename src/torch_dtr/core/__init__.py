@@ -4,7 +4,7 @@
 
 from .compiled import activate as _activate
 
-COMPILED = _activate(__path__)  # TORCH_DTR_CORE=compiled: the same modules, compiled (NOTE [ Compiled core ])
+COMPILED = _activate(__path__)  # the same modules, compiled, unless TORCH_DTR_CORE=python (NOTE [ Compiled core ])
 
 from .errors import BudgetError, ConstantChangedError, InternalError, fmt_bytes
 from .memory import Drop, Memory

@@ -1,6 +1,6 @@
-"""The compiled core (opt-in): the core's own modules compiled with mypyc, for the per-op path's cost.
+"""The compiled core (the default): the core's own modules compiled with mypyc, for the per-op path's cost.
 
-    TORCH_DTR_CORE=compiled python train.py     # set before torch_dtr is imported
+    TORCH_DTR_CORE=python python train.py     # the interpreted core instead (set before torch_dtr is imported)
 
 # NOTE [ Compiled core ]
 #
@@ -8,11 +8,12 @@
 #    extension modules; errors.py stays interpreted (exceptions). One definition of every rule: the compiled
 #    modules are built from these very files, so the simulator's outcomes cannot drift
 #    (``benchmarks/sim_digest.py`` writes byte-identical files with either; tests/core/test_compiled_core.py).
-# 2. When: ``TORCH_DTR_CORE=compiled`` in the environment when ``torch_dtr`` is first imported (default
-#    ``python``: the interpreted core). The first import builds it (mypy, setuptools and a C compiler: the
-#    ``native`` extra; about 20 s on 2 cores) into a cache folder named by a hash of the core's sources, the
-#    Python version and mypy's (``TORCH_DTR_CACHE``, else ``~/.cache/torch_dtr``); later imports load it. Where
-#    it cannot be built, a warning says why and the interpreted core runs.
+# 2. When: by default (``TORCH_DTR_CORE`` unset or ``compiled`` when ``torch_dtr`` is first imported;
+#    ``TORCH_DTR_CORE=python``: the interpreted core). The first import builds it (mypy, setuptools and a C
+#    compiler, all but the compiler dependencies of the package; about 20 s on 2 cores) into a cache folder named
+#    by a hash of the core's sources, the Python version and mypy's (``TORCH_DTR_CACHE``, else
+#    ``~/.cache/torch_dtr``); later imports load it. Where it cannot be built, a warning says why (once per
+#    process) and the interpreted core runs: the same decisions, slower.
 # 3. How it loads: the cached folder goes first on the core package's ``__path__`` (mypyc's shared support
 #    module on ``sys.path``), so ``torch_dtr.core.runtime`` resolves to the compiled module. An edit to a core
 #    source changes the hash: a stale build is never loaded.
@@ -96,9 +97,9 @@ def build() -> Path:
 
 
 def activate(package_path: list[str]) -> bool:
-    """Put the compiled core first on the core package's path when ``TORCH_DTR_CORE=compiled`` (rule 2);
+    """Put the compiled core first on the core package's path unless ``TORCH_DTR_CORE=python`` (rule 2);
     whether it did."""
-    mode = os.environ.get("TORCH_DTR_CORE", "python")
+    mode = os.environ.get("TORCH_DTR_CORE") or "compiled"
     if mode == "python":
         return False
     if mode != "compiled":
@@ -108,8 +109,9 @@ def activate(package_path: list[str]) -> bool:
     try:
         out = build()
     except (CompiledCoreUnavailable, OSError) as e:
-        warnings.warn(f"torch_dtr: TORCH_DTR_CORE=compiled, but {e}; the interpreted core runs", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"torch_dtr: the compiled core could not be built ({e}); the interpreted core runs (the "
+                      f"same decisions, slower per op; TORCH_DTR_CORE=python chooses it without this warning)",
+                      RuntimeWarning, stacklevel=3)
         return False
     sys.path.insert(0, str(out))
     package_path.insert(0, str(out / "core"))

@@ -1,4 +1,5 @@
-"""torch-dtr's compiled front end (a preview): the per-op mechanism in C++, the decisions in the Python core.
+"""torch-dtr's compiled front end, which ``torch_dtr.enable()`` runs: the per-op mechanism in C++, the decisions in
+the Python core.
 
     from torch_dtr import native
     native.enable(budget="2GiB")   # this thread's ops are managed from here on
@@ -32,11 +33,14 @@
 #    tensor's ``.data`` (NOTE [ Native exports ] 4: a module converted with ``.double()`` while enabled).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
-# 5. What this preview does not do yet, where eager/front.py does: tenants, threads other than the enabling one
-#    (theirs run plain unless they read managed tensors), torch.compile regions and torch.func transforms (not
-#    told apart), the size rules of eager/sizes.py (meta kernels only: an op whose outputs outgrow its meta kernel's
-#    bytes, CPU ``col2im``, passes the budget once, with a warning, and is reserved at its real size from then on);
-#    an op that writes more than one managed value pins them.
+# 5. What this front end does not do, where eager/front.py does: tenants; the simulated allocator. Threads other
+#    than the enabling one run plain unless they read managed tensors or join (``torch_dtr.attach()``, which sets
+#    the thread's dispatch bit). torch.compile regions and torch.func transforms are not managed, said once per
+#    session (NOTE [ Unmanaged regions ]). Sizes: meta kernels, then eager/sizes.py's rules (a rule that reads
+#    shapes runs on the meta arguments on a cache miss, and the real size is learned per call signature; an op
+#    whose size depends on its data is evicted for right after it, counted in ``sizes_unpredicted``, warned about
+#    once); an op whose outputs outgrow the prediction (CPU ``col2im``) passes the budget once, with a warning,
+#    and is reserved at its real size from then on. An op that writes more than one managed value pins them.
 #    Reads without an op (``numpy()``, DLPack, ``untyped_storage()``, ``data_ptr()``, ``tolist()``) bring the
 #    value back first, and pin it where the memory leaves PyTorch (NOTE [ Native exports ]); a C++ extension
 #    that reads ``data_ptr<T>()`` itself is not seen. Under torch.distributed (DDP, FSDP2, tensor parallelism)
@@ -200,6 +204,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     from ..eager.swap import banish_default, tier_options
     from .exports import guard_constants, guard_storage
     from .exports import install as install_exports
+    from .regions import watch
     from .session import Session
     from .swap import NativeTier
 
@@ -246,6 +251,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s.hooks = (register_optimizer_step_pre_hook(lambda _o, args, kwargs: ext.set_stepping(step_level(args, kwargs))),
                register_optimizer_step_post_hook(lambda *_: s.stepped()))
     s.unwrap_fsdp = fsdp.wrap(lambda: s if s.active else None)  # NOTE [ Resharded parameters ]
+    s.unwatch = watch(s)  # NOTE [ Unmanaged regions ]
     ext.start(s, -1 if nbytes is None else nbytes)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
@@ -287,6 +293,7 @@ def _disable(s: Any) -> None:
     for h in s.hooks:
         h.remove()
     s.unwrap_fsdp()
+    s.unwatch()
     s.unhook()
     s.ext.set_stepping(0)
     s.rt.set_budget(None)

@@ -43,6 +43,8 @@ class Session:
         # removes them (``unhook``), or every session would leave a hook (and itself) on every parameter
         self.hooked: dict[int, tuple[weakref.ref, Any]] = {}
         self.warned_compile = False  # NOTE [ Native exports ] 5: said once
+        self.warned: set[str] = set()  # NOTE [ Unmanaged regions ]: what was said, once each
+        self.unwatch: Any = lambda: None  # enable() watches for them (regions.watch)
         self.unwrap_fsdp: Any = lambda: None  # enable() wraps FSDP2's reshard (NOTE [ Resharded parameters ])
         # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
         # knows its layout (NOTE [ Device memory ] 4)
