@@ -86,18 +86,40 @@ def test_mse_loss_is_sized_by_its_rule_so_a_budget_of_40_percent_holds_without_a
 
 
 @needs_native
-def test_an_op_sized_by_its_data_is_counted_and_warned_about_and_evicted_for_at_once():
+def test_an_op_sized_by_its_data_is_sized_by_its_rule_on_its_inputs_within_1_1mb():
+    w = torch.randn(256, 256, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch_dtr.enable(budget=1_150_000):
+            before = native.stats()
+            a = (w * 2).relu()
+            b = a * 3
+            idx = torch.nonzero(b)  # about 512 KiB of int64 pairs, known only from the data
+            after = native.stats()
+            st = torch_dtr.stats()
+    assert after["sizes_unpredicted"] == before["sizes_unpredicted"]
+    assert st.evictions > 0 and st.peak_bytes <= 1_150_000  # room made before it ran
+    assert torch.equal(torch_dtr.unwrap(idx), torch.nonzero((w.detach() * 2).relu() * 3))
+
+
+@torch.library.custom_op("dtr_test::positives", mutates_args=(), device_types="cpu")
+def _positives(x: torch.Tensor) -> torch.Tensor:  # a size known only from the data, and no fake kernel
+    return x[x > 0].clone()
+
+
+@needs_native
+def test_an_op_nothing_can_size_is_counted_and_warned_about_and_evicted_for_at_once_within_1_1mb():
     w = torch.randn(256, 256, requires_grad=True)
     with torch_dtr.enable(budget=1_150_000):
         before = native.stats()["sizes_unpredicted"]
         a = (w * 2).relu()
         b = a * 3
-        with pytest.warns(RuntimeWarning, match="cannot predict the output size of aten.nonzero"):
-            idx = torch.nonzero(b)  # 256 x 256 x 2 int64: 1 MiB the meta kernel cannot size
+        with pytest.warns(RuntimeWarning, match="cannot predict the output size of dtr_test.positives"):
+            picked = _positives(b * 1)
         assert native.stats()["sizes_unpredicted"] == before + 1
         st = torch_dtr.stats()
         assert st.evictions > 0 and st.resident_bytes <= 1_150_000  # evicted for right after it
-        assert torch.equal(torch_dtr.unwrap(idx), torch.nonzero((w.detach() * 2).relu() * 3))
+        assert torch.equal(torch_dtr.unwrap(picked), _positives((w.detach() * 2).relu() * 3))
 
 
 @needs_native

@@ -202,10 +202,11 @@ def rule_kind(packet: str) -> int:
     return 0 if packet not in _RULES else 1 if packet in _SHAPE_ONLY else 2
 
 
-def shape_rule_bytes(name: str, args: tuple, kwargs: dict) -> int:
-    """The fresh output bytes of aten op ``name`` ("aten.mse_loss.default") by its shape rule (``rule_kind`` 1),
-    from its arguments as meta tensors."""
+def rule_bytes(name: str, args: tuple, kwargs: dict) -> int:
+    """The fresh output bytes of aten op ``name`` ("aten.mse_loss.default") by its rule: a shape rule
+    (``rule_kind`` 1) takes its arguments as meta tensors, a data rule (2) the inputs themselves."""
     return int(_RULES[name.split(".")[1]](args, kwargs))
+
 
 
 _NONE: Any = object()

@@ -85,7 +85,7 @@ the Python core.
 #    version of the sum as any in-place write does (NOTE [ In-place mutation ]). The Python front end cannot have
 #    it (with a dispatch mode on, the engine treats every tensor as a subclass and never writes in place), so the
 #    two front ends' decisions differ on programs that sum gradients (``grads_in_place=False`` makes them equal).
-#    The bench's LSTM loop with the host tier: 1.59x -> 1.27x plain at 50% of its peak (docs/swap-live.md).
+#    Measured on the bench's LSTM loop with the host tier: docs/swap-live.md.
 # 10. Queued ops (front.cpp, rule 7): an op that makes no memory (views, ``detach``, ``t``: half the calls into
 #    the core on the bench's GPT-2) and needs nothing first (no input to bring back, no room to make, no handle
 #    death to tell) only touches its inputs' staleness and counts; the kernel queues it instead of calling

@@ -791,7 +791,25 @@ IValue to_meta(const IValue& v) {
 // The bytes of the op's fresh outputs, from its meta kernel (0 where it has none or sizes depend on data:
 // the core then makes room after the op, as for a prediction that fell short).
 int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t start, const Facts& f,
-                const Key* key) {
+                const Key* key, bool evicted) {
+  if (f.size_rule == 2) {  // eager/sizes.py's rule reads the data: on the inputs themselves, never cached
+    if (evicted) return 0;  // (not brought back yet: the core makes room right after the op, which is counted)
+    py::gil_scoped_acquire gil;
+    Below b;  // the rule's own ops on the inputs run plain
+    py::list args;
+    py::dict kwargs;
+    for (size_t i = start; i < stack.size(); ++i) {
+      py::object a = torch::jit::toPyObject(stack[i]);
+      const auto& arg = op.schema().arguments()[i - start];
+      if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
+      else args.append(a);
+    }
+    try {
+      return size_rules().attr("rule_bytes")(f.name, py::tuple(args), kwargs).cast<int64_t>();
+    } catch (const py::error_already_set&) {  // a rule that cannot read these arguments: as unsized
+      return 0;
+    }
+  }
   if (key) {
     auto it = g_sizes.find(*key);
     if (it != g_sizes.end()) return it->second;
@@ -815,7 +833,7 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
         if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
         else args.append(a);
       }
-      bytes = size_rules().attr("shape_rule_bytes")(f.name, py::tuple(args), kwargs).cast<int64_t>();
+      bytes = size_rules().attr("rule_bytes")(f.name, py::tuple(args), kwargs).cast<int64_t>();
       if (key) g_sizes.emplace(*key, bytes);
       return bytes;
     }
@@ -1567,7 +1585,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   bool cacheable = true;
   for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
   int64_t need = 0;
-  if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr);
+  if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr, evicted);
   const int64_t predicted = need;
   if (need > 0 && g_py->retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
     bool cuda = false;
