@@ -303,3 +303,14 @@ def test_torch_func_transforms_and_compiling_a_region_are_said_once_per_session_
         assert sum("torch.func transforms" in m for m in said) == 1, said
         assert sum("torch.compile compiles a region" in m for m in said) == 1, said
         assert all(torch.equal(t, plain_func) for t in got[:2]) and all(torch.equal(t, plain_compiled) for t in got[2:])
+
+
+@needs_native
+def test_a_value_evicted_and_unwrapped_from_python_is_recomputed_below_autograd():
+    x = torch.randn(32, 32, requires_grad=True)
+    with torch_dtr.enable(budget=None):
+        y = x.abs() * 1  # abs's kernel calls abs_out, which autograd refuses for inputs that require grad
+        z = x.abs()
+        h = native.current()
+        h.rt.evict(h.ext.storage_of(z))
+        assert torch.equal(torch_dtr.unwrap(z), x.detach().abs()) and torch.equal(torch_dtr.unwrap(y), x.detach().abs())

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import native as _native
 from .eager import front as _front
 from .eager.costs import model_cost
 from .eager.funcinfo import info
@@ -58,6 +59,14 @@ from .sim.log import Result, Writer
 # 7. ``ANNOTATE START`` heads the log (unless ``annotate_start=False``); ``ANNOTATE BACKWARD`` precedes
 #    the first logged op that runs inside the autograd engine (``torch._C._current_graph_task_id()``).
 
+
+
+def _dtr_running() -> bool:
+    """Whether a torch-dtr session runs, on either front end (the recorder logs plain aten ops)."""
+    if _front.active() is not None:
+        return True
+    s = _native._SESSION
+    return s is not None and s.active
 
 class _Ref(weakref.ref):
     __slots__ = ("name", "ident")
@@ -128,7 +137,7 @@ class Recorder(TorchDispatchMode):
 
     # ------------------------------------------------------------------ enter / exit
     def __enter__(self) -> Recorder:
-        if _front.active() is not None:
+        if _dtr_running():
             raise RuntimeError("torch_dtr: record() cannot run while torch_dtr is enabled; call "
                                "torch_dtr.disable() first (the recorder logs plain aten ops)")
         self.f = self.path.open("w", encoding="utf-8")
@@ -214,7 +223,7 @@ class Recorder(TorchDispatchMode):
     # ------------------------------------------------------------------ ops
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if _front.active() is not None:
+        if _dtr_running():
             raise RuntimeError("torch_dtr: torch_dtr.enable() was called inside record(); the recorder logs "
                                "plain aten ops and cannot run together with the DTR runtime")
         flat: list[torch.Tensor] = []

@@ -9,12 +9,24 @@ if os.environ.get("DTR_TEST_SWAP") == "1":  # every test with the host tier on (
     torch_dtr.enable.__kwdefaults__["swap"] = True
 
 
+def _front() -> str:
+    return os.environ.get("DTR_TEST_FRONT", "python")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _front_for_module_fixtures():
+    """The same front end for fixtures that enable a session once per module (they run before ``_always_disable``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_DTR_FRONT", _front())
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _always_disable(monkeypatch):
     """No test may leave the runtime enabled for the next one. These tests drive the Python front end (the
     fallback, NOTE [ Choosing the front end ]) through ``torch_dtr.enable``, subprocesses included;
     ``DTR_TEST_FRONT=native`` runs them against the compiled one instead."""
-    monkeypatch.setenv("TORCH_DTR_FRONT", os.environ.get("DTR_TEST_FRONT", "python"))
+    monkeypatch.setenv("TORCH_DTR_FRONT", _front())
     yield
     torch_dtr.disable()
     gc.collect()

@@ -34,9 +34,10 @@ def test_enable_rejects_bad_options():
     with pytest.raises(ValueError, match="unknown policy 'nope'.*dtr_eq"):
         torch_dtr.enable("1GiB", policy="nope")
     assert not torch_dtr.enabled()
-    torch_dtr.enable("1GiB")
-    with pytest.raises(RuntimeError, match="already enabled"):
-        torch_dtr.enable("1GiB")
+    first = torch_dtr.enable("1GiB")
+    with pytest.warns(RuntimeWarning, match="that session is disabled first"):  # a notebook cell run again
+        second = torch_dtr.enable("2GiB")
+    assert not first.active and second.active and torch_dtr.stats().budget_bytes == 2 << 30
 
 
 # ---------------------------------------------------------------- views and in-place ops

@@ -2,6 +2,13 @@
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _python_reference_for_module_fixtures():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_DTR_FRONT", "python")
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _python_reference(monkeypatch):
     """These tests hold the compiled front end (``torch_dtr.native.enable``) against the Python one, which they reach

@@ -1056,6 +1056,9 @@ struct Recipe {
       {
         py::gil_scoped_release nogil;
         Below below;
+        // below autograd, as inside an op: a recomputation asked for from Python (unwrap, numpy()) would otherwise
+        // send the kernel's own inner calls (`abs` calls `abs_out`) through autograd again
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
         stack.clear();
         push_args(stack, input);
         Replay replay(rng, rng_device);
