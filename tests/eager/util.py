@@ -18,8 +18,18 @@ def came_back(st) -> int:
 
 
 def evict_all() -> int:
-    """Evict every storage the runtime may evict; return how many were evicted."""
-    rt = torch_dtr.eager.runtime()
+    """Evict every storage the running session's runtime may evict (either front end); return how many."""
+    from torch_dtr import native
+
+    h = native.current()
+    if h is not None and h.active:
+        with native._core_locked(h.ext):
+            h.flush()  # what the kernel queued
+            return _evict_all(h.rt)
+    return _evict_all(torch_dtr.eager.runtime())
+
+
+def _evict_all(rt) -> int:
     n = 0
     for s in list(rt.candidates):
         if not s.locks:

@@ -991,7 +991,10 @@ struct Recipe {
   int64_t written = -1;  // a write (NOTE [ Native front end ] 5): the input written; its new value is outs[0]
   at::Tensor rng;
   c10::Device rng_device = c10::Device(c10::kCPU);
-  explicit Recipe(c10::OperatorHandle o) : op(std::move(o)) {}
+  // grad mode when the op first ran: a replay runs in it (the CPU LSTM's mkldnn_rnn_layer returns its workspace
+  // only with grad mode on), as eager/recipe.py replays
+  bool grad = true;
+  explicit Recipe(c10::OperatorHandle o) : op(std::move(o)), grad(at::GradMode::is_enabled()) {}
 
   // the recipe's arguments on `stack`, each tensor made by `input` (a view of its value's slot)
   template <typename F>
@@ -1059,6 +1062,7 @@ struct Recipe {
         // below autograd, as inside an op: a recomputation asked for from Python (unwrap, numpy()) would otherwise
         // send the kernel's own inner calls (`abs` calls `abs_out`) through autograd again
         at::AutoDispatchBelowADInplaceOrView below_autograd;
+        at::AutoGradMode grad_mode(grad);
         stack.clear();
         push_args(stack, input);
         Replay replay(rng, rng_device);
@@ -1090,6 +1094,8 @@ struct Recipe {
       at::Tensor t = o.elem < 0 ? v.toTensor() : v.toTensorList().get(o.elem);
       c10::StorageImpl* into = o.slot->impl;
       if (!o.slot->resident()) {
+        TORCH_CHECK(t.defined(), "torch_dtr native: ", op.schema().name(), " recomputed output ", o.ret,
+                    " undefined where it was defined the first time (grad mode ", at::GradMode::is_enabled(), ")");
         c10::StorageImpl* fresh = t.storage().unsafeGetStorageImpl();
         TORCH_CHECK(fresh->nbytes() == into->nbytes(), "torch_dtr native: ", op.schema().name(), " recomputed ",
                     fresh->nbytes(), " bytes where it made ", into->nbytes(), " the first time");
