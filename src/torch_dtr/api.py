@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -52,6 +53,7 @@ class Session:
         self.front = front
         self.handle = handle  # the native front end's session (torch_dtr.native.session.Session), or None
         self.expandable_was: bool | None = None  # NOTE [ Device memory ] 6, for the compiled front end
+        self.budget: int | None = None  # the budget when it ended: stats() after disable() says it, as it ran
         self.active = True
 
     def __enter__(self) -> Session:
@@ -165,6 +167,8 @@ def disable() -> None:
         s.active = False
     if _native_running():
         h = native.current()
+        if s is not None and s.handle is h:
+            s.budget = h.rt.budget  # (disable() lifts it, so that values held later come back without one)
         native.disable()
         if s is not None and s.handle is h and s.expandable_was is not None and h.dev is not None:
             h.dev.set_expandable(s.expandable_was)
@@ -263,7 +267,11 @@ def stats(tenant: str | None = None) -> Stats:
         raise KeyError(f"torch_dtr: no tenant {tenant!r}: the session runs the compiled front end, which has none")
     with native._core_locked(h.ext):
         h.flush()
-        return h.rt.stats()
+        h.sweep()
+        st = h.rt.stats()
+    if not h.active and _LAST is not None and _LAST.handle is h:
+        st = dataclasses.replace(st, budget_bytes=_LAST.budget)
+    return st
 
 
 def reset_peak() -> None:

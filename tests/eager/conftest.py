@@ -9,24 +9,44 @@ if os.environ.get("DTR_TEST_SWAP") == "1":  # every test with the host tier on (
     torch_dtr.enable.__kwdefaults__["swap"] = True
 
 
-def _front() -> str:
-    return os.environ.get("DTR_TEST_FRONT", "python")
+# NOTE [ One behavioural suite ]
+# Every test here runs against both front ends (NOTE [ Choosing the front end ]): "default", what
+# ``torch_dtr.enable()`` chooses for the test's options (the compiled front end, or the Python one for a simulated
+# allocator), and "python", the fallback, forced. ``DTR_TEST_FRONT=default`` (or ``python``) runs one of them.
+# Tests marked ``python_front`` test the Python front end's own internals (``DTRTensor``, its size cache, tenants)
+# and run on it alone. The front end is set per module (``TORCH_DTR_FRONT``, which subprocesses inherit), so that
+# fixtures which enable a session once per module run on it too.
+FRONTS = [f for f in ("default", "python") if (os.environ.get("DTR_TEST_FRONT") or f) == f]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _front_for_module_fixtures():
-    """The same front end for fixtures that enable a session once per module (they run before ``_always_disable``)."""
+@pytest.fixture(autouse=True, scope="module", params=FRONTS)
+def dtr_front(request):
+    """The front end the module's tests drive through ``torch_dtr.enable``."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TORCH_DTR_FRONT", _front())
-        yield
+        if request.param == "python":
+            mp.setenv("TORCH_DTR_FRONT", "python")
+        else:
+            mp.delenv("TORCH_DTR_FRONT", raising=False)
+        yield request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """A ``python_front`` test runs once, on the Python front end."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.get_closest_marker("python_front") is not None and params.get("dtr_front") == "default":
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True)
-def _always_disable(monkeypatch):
-    """No test may leave the runtime enabled for the next one. These tests drive the Python front end (the
-    fallback, NOTE [ Choosing the front end ]) through ``torch_dtr.enable``, subprocesses included;
-    ``DTR_TEST_FRONT=native`` runs them against the compiled one instead."""
-    monkeypatch.setenv("TORCH_DTR_FRONT", _front())
+def _always_disable(dtr_front):
+    """No test may leave the runtime enabled for the next one."""
     yield
     torch_dtr.disable()
     gc.collect()

@@ -9,6 +9,7 @@ they made the first time (NOTE [ RNG replay ] in ``torch_dtr/eager/recipe.py``).
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,14 +176,15 @@ LADDER = (1.0, 1.10, 1.25, 1.5)
 SEARCH_ITERS = 8
 SEARCH_TOLERANCE = 0.01  # stop bisecting when the bracket is narrower than this fraction of the peak
 
-_PEAK: dict[tuple[str, str], Any] = {}
-_MIN: dict[tuple[str, str], int] = {}
-# outcomes of every run made through here, per (model, optimizer): budget -> [trained, failed]
-_OUTCOMES: dict[tuple[str, str], dict[int, list[int]]] = {}
+_PEAK: dict[tuple[str, str, str], Any] = {}
+_MIN: dict[tuple[str, str, str], int] = {}
+# outcomes of every run made through here, per (model, optimizer, front end): budget -> [trained, failed]
+_OUTCOMES: dict[tuple[str, str, str], dict[int, list[int]]] = {}
 
 
-def _key(builder, opt_name: str) -> tuple[str, str]:
-    return (builder.__name__, opt_name)
+def _key(builder, opt_name: str) -> tuple[str, str, str]:
+    # per front end (conftest.py's NOTE [ One behavioural suite ]): their peaks differ (gradients summed in place)
+    return (builder.__name__, opt_name, os.environ.get("TORCH_DTR_FRONT", "default"))
 
 
 def unconstrained_stats(builder, opt_name: str):

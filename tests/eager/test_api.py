@@ -9,6 +9,7 @@ import torch_dtr
 from torch_dtr.eager.tensor import DTRTensor
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_listen_sees_every_op_and_evictions_then_stops():
     w = torch.randn(64, 64, requires_grad=True)
     torch_dtr.enable(budget=None)
@@ -29,6 +30,7 @@ def test_listen_sees_every_op_and_evictions_then_stops():
         torch_dtr.listen(lambda kind, s: None)
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 @pytest.mark.parametrize("event,swap", [("remat", {"swap": False}), ("swapin", {"swap": True, "swap_gbps": 1000})])
 def test_a_listener_can_stop_a_thrashing_run_and_the_runtime_stays_usable(event, swap):
     class Cap(Exception):
@@ -63,6 +65,7 @@ def test_errors_are_exported():
     assert issubclass(torch_dtr.BudgetError, RuntimeError)
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_managed_tensor_from_an_ended_session_computes_plain():
     w = torch.randn(16, 16, requires_grad=True)
     torch_dtr.enable(budget=None)

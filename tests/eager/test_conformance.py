@@ -14,7 +14,8 @@ pytest.importorskip("expecttest")
 import conformance  # noqa: E402
 
 # deprecated operators in op_db warn when run; those warnings are PyTorch's, not the test's outcome
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+# op_db through the Python front end; tests/native/test_conformance_native.py runs it through the compiled one
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.python_front]
 
 # Known failures, each with the reason; strict, so that a fix is noticed and the entry removed.
 KNOWN: dict[str, str] = {}

@@ -111,6 +111,7 @@ def test_setting_data_of_a_parameter_to_a_managed_value():
     assert all(torch.equal(p, q) for p, q in zip(got, want, strict=True))
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_setting_data_of_a_managed_tensor():
     torch_dtr.enable(budget=None)
     try:

@@ -13,6 +13,9 @@ import torch_dtr
 from torch_dtr import SimulatedDevice
 from torch_dtr.eager.device import Device, window
 
+# the simulated allocator runs on the Python front end (NOTE [ Choosing the front end ] 2)
+pytestmark = pytest.mark.python_front
+
 SCALE = 1 / 8  # the allocator's segment sizes scaled to these small tensors (rule 6)
 WIDTH, DEPTH, BATCH, STEPS = 64, 32, 2048, 3
 

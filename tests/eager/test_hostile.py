@@ -66,6 +66,7 @@ def test_inplace_metadata_ops_match_plain(op, evict):
     assert torch.equal(loss, want_loss) and torch.equal(grad, want_grad)
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_wrapper_shape_follows_inplace_transpose():
     torch_dtr.enable(budget=None)
     try:
@@ -98,6 +99,7 @@ def test_nn_gru_with_no_budget_matches_plain(batch_first):
     assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_pickle_save_and_deepcopy_of_managed_tensors():
     torch_dtr.enable(budget=None)
     try:
@@ -492,6 +494,7 @@ def test_banish_depth_must_be_a_count():
     assert not torch_dtr.enabled()
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_lstm_layer_workspace_is_learned_exactly_after_one_call():
     # NOTE [ Size prediction ] 6: the rule's upper bound is used once per shape; after a call under
     # torch_dtr (a budget or not), the same shapes are predicted with the real bytes

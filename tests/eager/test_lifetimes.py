@@ -3,6 +3,7 @@
 import gc
 import weakref
 
+import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -40,6 +41,7 @@ def test_ten_iterations_leave_no_growth():
     torch_dtr.runtime().check()
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_released_payload_is_really_freed():
     w = torch.randn(256, 256, requires_grad=True)
     torch_dtr.enable(budget=None)
@@ -53,6 +55,7 @@ def test_released_payload_is_really_freed():
     assert torch_dtr.stats().live_storages == 0
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_dropped_tensor_with_live_dependent_is_evicted_not_released():
     w = torch.randn(64, 64, requires_grad=True)
     torch_dtr.enable(budget=None)
@@ -86,6 +89,7 @@ def test_autograd_saved_tensors_keep_their_storage_until_backward():
     assert torch_dtr.stats().resident_bytes == torch_dtr.stats().constant_bytes
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_disable_leaves_plain_pytorch():
     w = torch.randn(8, requires_grad=True)
     torch_dtr.enable(budget=None)

@@ -440,7 +440,7 @@ def _under(program: Callable[[Marks], list[torch.Tensor]], budget: int | None, e
     try:
         got = program(Marks(evict))
         st = torch_dtr.stats()
-        torch_dtr.eager.runtime().check()
+        torch_dtr.runtime().check()
     finally:
         torch_dtr.disable()
     return got, st
@@ -491,10 +491,10 @@ def test_keeping_every_detached_loss_for_20_steps_holds_only_the_scalars():
             losses.append(loss.detach())
             del loss
             st = torch_dtr.stats()
-            rt = torch_dtr.eager.runtime()  # resident or in the host tier (DTR_TEST_SWAP=1: the scalars move out)
+            rt = torch_dtr.runtime()  # resident or in the host tier (DTR_TEST_SWAP=1: the scalars move out)
             seen.append((sum(s.nbytes for s in rt.live if s.resident or s.host is not None), st.live_storages))
         assert st.evictions > 0
-        torch_dtr.eager.runtime().check()
+        torch_dtr.runtime().check()
     finally:
         torch_dtr.disable()
     # one 4-byte scalar and one record more per step, nothing else

@@ -60,6 +60,7 @@ def _views_program(w):
     return [s, h, v, t, u, col]
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_views_and_inplace_match_plain_under_eviction():
     torch.manual_seed(0)
     w = torch.randn(8, 5, requires_grad=True)
@@ -155,6 +156,7 @@ def test_recomputed_exactly_once():
 
 
 # ---------------------------------------------------------------- behaviour as a tensor
+@pytest.mark.python_front  # the Python front end's own objects
 def test_managed_tensor_behaves_like_a_tensor(capsys):
     w = torch.tensor([[1.0, -2.0], [3.0, 4.0]], requires_grad=True)
     torch_dtr.enable(budget=None)
@@ -173,6 +175,7 @@ def test_managed_tensor_behaves_like_a_tensor(capsys):
     assert torch_dtr.unwrap(torch.ones(2)) is not None and type(torch_dtr.unwrap(torch.ones(2))) is torch.Tensor
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_outputs_of_plain_ops_stay_plain():
     torch_dtr.enable(budget=None)
     x = torch.randn(3, 3)
@@ -276,6 +279,7 @@ def test_backward_on_another_thread():
         assert type(p.grad) is torch.Tensor and torch.equal(r, p.grad)
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_an_evicted_in_place_chain_comes_back_in_one_buffer():
     # y = x * 2 then three in-place ops (an activation written in place, as LSTMCell's gates and dropout's
     # bernoulli_ are): every old version is read only by the next write's recipe, so the replay writes in

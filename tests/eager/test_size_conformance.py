@@ -85,6 +85,7 @@ def test_every_op_db_sample_is_predicted_no_smaller_than_it_is():
     assert not fixed, f"no longer predicted short, remove from KNOWN: {fixed}"
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_an_op_predicted_short_is_warned_once_and_learned():
     # col2im (F.fold's op) keeps a storage as large as its input where its meta kernel says the output's
     # size. The first call reserves the prediction, makes more and exceeds the budget (the runtime evicts

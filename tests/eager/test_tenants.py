@@ -8,6 +8,8 @@ import torch
 
 import torch_dtr
 
+pytestmark = pytest.mark.python_front  # tenants run on the Python front end (NOTE [ Choosing the front end ] 3)
+
 STEPS = 6
 
 

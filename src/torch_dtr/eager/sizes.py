@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from .funcinfo import FuncInfo
+from .funcinfo import FuncInfo, info
 from .recipe import flat_outputs
 
 _CACHE: dict[Any, int] = {}  # shared by every session: enabling again does not pay meta inference again
@@ -207,6 +207,15 @@ def rule_bytes(name: str, args: tuple, kwargs: dict) -> int:
     (``rule_kind`` 1) takes its arguments as meta tensors, a data rule (2) the inputs themselves."""
     return int(_RULES[name.split(".")[1]](args, kwargs))
 
+
+
+def low_bytes(name: str, args: tuple, kwargs: dict) -> int:
+    """For the compiled front end: the fresh output bytes of aten op ``name`` by its meta kernel with floating inputs
+    as bfloat16 (rule 2), its arguments as meta tensors; 0 where that fails too."""
+    _, packet, overload = name.split(".")
+    func = getattr(getattr(torch.ops.aten, packet), overload)
+    nbytes = Sizes._meta(info(func), args, kwargs, True)
+    return 0 if nbytes is None else nbytes
 
 
 _NONE: Any = object()

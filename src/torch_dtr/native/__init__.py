@@ -311,6 +311,7 @@ def stats() -> dict[str, Any]:
         return {}
     with _core_locked(s.ext):
         s.flush()
+        s.sweep()
         out = dataclasses.asdict(s.rt.stats())
         out.update(s.ext.counters())
     return out

@@ -790,32 +790,46 @@ IValue to_meta(const IValue& v) {
 
 // The bytes of the op's fresh outputs, from its meta kernel (0 where it has none or sizes depend on data:
 // the core then makes room after the op, as for a prediction that fell short).
+// Asks eager/sizes.py (NOTE [ Size prediction ]) for the bytes of the op's fresh outputs: `fn` is "rule_bytes" (its
+// rule for this op) or "low_bytes" (its meta kernel with floating inputs as bfloat16: rule 2); the arguments as they
+// are on `stack` from `start` (`meta`: as meta tensors). 0 where it has no answer. Rare: on a size-cache miss.
+int64_t ask_sizes(const char* fn, const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t start,
+                  const Facts& f, bool meta) {
+  py::gil_scoped_acquire gil;
+  Below b;  // a data rule's own ops on the inputs run plain
+  py::list args;
+  py::dict kwargs;
+  for (size_t i = start; i < stack.size(); ++i) {
+    py::object a = torch::jit::toPyObject(meta ? to_meta(stack[i]) : stack[i]);
+    const auto& arg = op.schema().arguments()[i - start];
+    if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
+    else args.append(a);
+  }
+  try {
+    return size_rules().attr(fn)(f.name, py::tuple(args), kwargs).cast<int64_t>();
+  } catch (const py::error_already_set&) {  // a rule that cannot read these arguments: as unsized
+    return 0;
+  }
+}
+
+// The bytes of the op's fresh outputs: its meta kernel, or eager/sizes.py's rule where the meta kernel is wrong or
+// missing (Facts::size_rule); 0 where nothing sizes it (the core then makes room right after the op, counted).
 int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t start, const Facts& f,
                 const Key* key, bool evicted) {
-  if (f.size_rule == 2) {  // eager/sizes.py's rule reads the data: on the inputs themselves, never cached
-    if (evicted) return 0;  // (not brought back yet: the core makes room right after the op, which is counted)
-    py::gil_scoped_acquire gil;
-    Below b;  // the rule's own ops on the inputs run plain
-    py::list args;
-    py::dict kwargs;
-    for (size_t i = start; i < stack.size(); ++i) {
-      py::object a = torch::jit::toPyObject(stack[i]);
-      const auto& arg = op.schema().arguments()[i - start];
-      if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
-      else args.append(a);
-    }
-    try {
-      return size_rules().attr("rule_bytes")(f.name, py::tuple(args), kwargs).cast<int64_t>();
-    } catch (const py::error_already_set&) {  // a rule that cannot read these arguments: as unsized
-      return 0;
-    }
-  }
+  if (f.size_rule == 2)  // the rule reads the data: on the inputs themselves (resident), never cached
+    return evicted ? 0 : ask_sizes("rule_bytes", op, stack, start, f, false);
   if (key) {
     auto it = g_sizes.find(*key);
     if (it != g_sizes.end()) return it->second;
   }
   ++g_misses;
   int64_t bytes = 0;
+  if (f.size_rule == 1) {  // a rule that reads shapes, on the meta arguments; the real size is learned after
+    bytes = ask_sizes("rule_bytes", op, stack, start, f, true);
+    if (key) g_sizes.emplace(*key, bytes);
+    return bytes;
+  }
+  bool failed = false;
   try {
     Below b;
     torch::jit::Stack meta;
@@ -823,20 +837,6 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
     std::vector<const c10::StorageImpl*> ins;
     for (const auto& v : meta)
       if (v.isTensor() && v.toTensor().defined()) ins.push_back(v.toTensor().storage().unsafeGetStorageImpl());
-    if (f.size_rule == 1) {  // a shape rule of eager/sizes.py, on the meta arguments (a cache miss: rare)
-      py::gil_scoped_acquire gil;
-      py::list args;
-      py::dict kwargs;
-      for (size_t i = 0; i < meta.size(); ++i) {
-        py::object a = torch::jit::toPyObject(meta[i]);
-        const auto& arg = op.schema().arguments()[i];
-        if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
-        else args.append(a);
-      }
-      bytes = size_rules().attr("rule_bytes")(f.name, py::tuple(args), kwargs).cast<int64_t>();
-      if (key) g_sizes.emplace(*key, bytes);
-      return bytes;
-    }
     op.redispatchBoxed(DispatchKeySet(c10::DispatchKey::Meta), &meta);
     for (size_t k = 0; k < meta.size() && k < f.returns.size(); ++k) {
       if (f.returns[k]) continue;
@@ -847,8 +847,10 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
         for (const at::Tensor& t : meta[k].toTensorList()) bytes += static_cast<int64_t>(t.storage().nbytes());
     }
   } catch (const std::exception&) {
-    bytes = 0;
+    failed = true;
   }
+  // a meta kernel that rejects the dtype the real kernel takes (`_grouped_mm` in float32 on CPU: an MoE's experts)
+  if (failed && f.size_rule == 0 && !f.foreign) bytes = ask_sizes("low_bytes", op, stack, start, f, true);
   if (key) g_sizes.emplace(*key, bytes);
   return bytes;
 }
@@ -1051,6 +1053,7 @@ struct Recipe {
       }
       if (static_cast<int64_t>(k) == written) return view_of(target, in);
       TORCH_INTERNAL_ASSERT(in.slot->resident(), "torch_dtr native: a recipe ran with an evicted input");
+      if (in.scratch) return view_of(copy_of(in.slot->storage()), in);  // managed statistics (rule 4)
       return view_of(in.slot->storage(), in);
     };
     // out of the device's memory (rule 8 of __init__.py): the current session's core evicts, the recipe runs again
@@ -1479,7 +1482,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   rec->slots.resize(nin);
   rec->kinds.resize(nin);
   py::list ins;
-  Lazy writes, fresh_consts;
+  Lazy writes, fresh_consts, stat_ins;
   // the managed inputs' buffers, held: the op consumes its stack, which may hold the only reference to an
   // input (a conjugate view materialized by the conjugate fallback for this call)
   c10::SmallVector<c10::intrusive_ptr<Buffer>, 4> handles;
@@ -1548,6 +1551,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     }
     Input in{h->buffer->slot, {}, t.options(), Vec<int64_t>(t.sizes().begin(), t.sizes().end()),
              Vec<int64_t>(t.strides().begin(), t.strides().end()), t.storage_offset()};
+    // rule 4 for managed statistics too: batch norm in training mode writes them unannounced, with no new version;
+    // they are pinned after the op (never recomputed to their old value), and a replay writes a copy
+    in.scratch = training && std::find(f.stats.begin(), f.stats.end(), i) != f.stats.end();
+    if (in.scratch) stat_ins.append(py::reinterpret_borrow<py::object>(h->buffer->storage));
     in.conj = t.is_conj();
     in.neg = t.is_neg();
     rec->inputs.push_back(std::move(in));
@@ -1797,7 +1804,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
   py::object storages;
-  if (fresh.empty() && writes.empty() && held.is_none() && !g_py->closed && !dead && !escaped) {
+  if (fresh.empty() && writes.empty() && held.is_none() && !g_py->closed && !dead && !escaped && stat_ins.empty()) {
     g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
@@ -1812,6 +1819,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     g_room = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
     if (g_room == -1 && PyErr_Occurred()) throw py::error_already_set();
     if (escaped && ins.size()) g_py->session.attr("pin")(ins);
+    if (stat_ins.size()) g_py->session.attr("pin")(stat_ins.get());
   }
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();
@@ -2117,6 +2125,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_count_plain", &set_count_plain);
   m.def("take_views", &take_views);
   m.def("take_dead", &take_dead_locked);
+  m.def("sweep_constants", &swept_constants);  // (the caller holds the kernel's lock: Session.sweep)
   m.def("lock_core", &lock_core);
   m.def("unlock_core", &unlock_core);
   m.def("set_lend", &set_lend);

@@ -22,8 +22,8 @@ from typing import Any
 
 from ..eager.front import _TRANSFORMS
 
-COMPILED = ("torch_dtr: torch.compile compiles a region while torch_dtr runs; what its compiled kernels compute is not "
-            "managed (never evicted, not counted in the budget on the CPU; on CUDA counted as memory outside "
+COMPILED = ("torch_dtr: a torch.compile region is compiled while torch_dtr runs; what its compiled kernels compute is "
+            "not managed (never evicted, not counted in the budget on the CPU; on CUDA counted as memory outside "
             "torch-dtr's reach), unless the backend runs aten ops (backend='eager'), which torch-dtr manages. Leave "
             "room for it in the budget (NOTE [ Unmanaged regions ]).")
 TRANSFORMS = ("torch_dtr: ops inside torch.func transforms (vmap, grad, vjp, jvp, jacrev, ...) are not managed: what "

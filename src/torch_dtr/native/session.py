@@ -65,6 +65,14 @@ class Session:
             for s in self.ext.take_dead():
                 self.rt.drop_ref(s)
 
+    def sweep(self) -> None:
+        """Uncount the constants whose last tensor died now (the kernel finds them lazily: NOTE [ Native front end ]
+        4); for ``stats()``. The caller holds the kernel's lock."""
+        if self.active:
+            gone = self.ext.sweep_constants()
+            if gone:
+                self.constants_died(gone)
+
     def oom(self, message: str, need: int, ins: list[Storage]) -> bool:
         """An op ran out of the device's memory (NOTE [ Native front end ] 8): evict at least what the allocator
         was asked for (and 1 MiB), a window of adjacent blocks first where the device knows its layout, never
