@@ -314,3 +314,13 @@ def test_a_value_evicted_and_unwrapped_from_python_is_recomputed_below_autograd(
         h = native.current()
         h.rt.evict(h.ext.storage_of(z))
         assert torch.equal(torch_dtr.unwrap(z), x.detach().abs()) and torch.equal(torch_dtr.unwrap(y), x.detach().abs())
+
+
+@needs_native
+def test_the_size_and_cost_caches_stay_bounded_when_a_scalar_changes_every_call():
+    x = torch.randn(4, 4, requires_grad=True)
+    with torch_dtr.enable(budget="1MiB"):
+        for i in range(20_500):  # a new scalar each time: a new call signature each time
+            x * (1.0 + i / 100_000)
+        counters = native.stats()
+    assert 0 < counters["size_cache"] <= 20_000 and 0 < counters["cost_cache"] <= 20_000

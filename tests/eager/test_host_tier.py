@@ -156,6 +156,7 @@ def test_banishing_is_off_only_with_a_tier_that_can_hold_the_budget():
             torch_dtr.disable()
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_a_value_pinned_by_a_changed_constant_is_copied_out_and_an_in_place_write_renews_its_copy():
     """NOTE [ Swapping ] 9, at a budget of 2.5 MiB: ``a`` was computed from the constant ``w``, which then
     changed, so ``a`` is pinned, but only the runtime holds it: the host tier copies it out for room and back

@@ -168,6 +168,7 @@ def test_managed_tensor_from_an_earlier_session_is_a_constant_in_the_next():
         torch_dtr.disable()
 
 
+@pytest.mark.python_front  # the Python front end's own objects
 def test_meta_cache_stays_bounded(monkeypatch):
     monkeypatch.setattr(_sizes, "_CACHE_MAX", 50)
     x = torch.randn(4, 4, requires_grad=True)

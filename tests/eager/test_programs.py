@@ -446,9 +446,19 @@ def _under(program: Callable[[Marks], list[torch.Tensor]], budget: int | None, e
     return got, st
 
 
+# Known to fail their budget on the compiled front end, with the measurement. Strict: a fix shows up as XPASS.
+KNOWN_DEFAULT = {
+    "checkpointed_blocks": "BudgetError at 1.3x its single-op floor (104.65 KiB, floor 80.5 KiB) while recomputing "
+                           "a mul inside a checkpointed block: it asks for 112.5 KiB (1.40x); the Python front end "
+                           "trains at 1.3x (measured 2026-11-28)",
+}
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # an op the size predictor cannot size fails the test
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_program_matches_plain_evicted_and_at_half_its_peak_or_1_3x_its_floor(name):
+def test_program_matches_plain_evicted_and_at_half_its_peak_or_1_3x_its_floor(name, dtr_front, request):
+    if dtr_front == "default" and name in KNOWN_DEFAULT:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=torch_dtr.BudgetError, reason=KNOWN_DEFAULT[name]))
     program = PROGRAMS[name]
     want = program(Marks(False))
     got, st = _under(program, None, True)

@@ -706,6 +706,14 @@ bool describe(const IValue& v, std::vector<int64_t>& w) {  // false: not cacheab
 
 std::unordered_map<Key, int64_t, KeyHash> g_sizes;
 std::unordered_map<Key, double, KeyHash> g_costs;
+// Both caches are bounded, as eager/sizes.py's: a scalar that changes every call (a schedule's factor) makes a new
+// signature every time, and the caches would grow for as long as the program runs; full, a cache starts again.
+constexpr size_t kCacheMax = 20000;
+template <typename Map>
+Map& bounded(Map& m) {
+  if (m.size() >= kCacheMax) m.clear();
+  return m;
+}
 
 // The cost model of eager/costs.py (NOTE [ Modelled costs ] 4) for an op whose FLOPs need no formula of PyTorch's:
 // FLOPs / rate + bytes moved / bandwidth, the same float as model_cost gives. `args`: the op's arguments as called;
@@ -826,7 +834,7 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
   int64_t bytes = 0;
   if (f.size_rule == 1) {  // a rule that reads shapes, on the meta arguments; the real size is learned after
     bytes = ask_sizes("rule_bytes", op, stack, start, f, true);
-    if (key) g_sizes.emplace(*key, bytes);
+    if (key) bounded(g_sizes).emplace(*key, bytes);
     return bytes;
   }
   bool failed = false;
@@ -851,7 +859,7 @@ int64_t predict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
   }
   // a meta kernel that rejects the dtype the real kernel takes (`_grouped_mm` in float32 on CPU: an MoE's experts)
   if (failed && f.size_rule == 0 && !f.foreign) bytes = ask_sizes("low_bytes", op, stack, start, f, true);
-  if (key) g_sizes.emplace(*key, bytes);
+  if (key) bounded(g_sizes).emplace(*key, bytes);
   return bytes;
 }
 
@@ -1754,7 +1762,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   };
   if (!fresh.empty() && !known) {
     cost = model_cost();
-    if (cacheable) g_costs.emplace(std::move(key), cost);
+    if (cacheable) bounded(g_costs).emplace(std::move(key), cost);
   }
   // a recipe when it made storages and can run again: not random with a generator of its own, not an op
   // with a side effect, not a write (written inputs are pinned by the core: NOTE [ Native front end ] 5)
@@ -1799,7 +1807,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     }
   if (writing && cost == 0 && !known) {  // a write's cost (fresh outputs set it above)
     cost = model_cost();
-    if (cacheable) g_costs.emplace(key, cost);
+    if (cacheable) bounded(g_costs).emplace(key, cost);
   }
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
@@ -1859,7 +1867,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (g_py->budget >= 0 && made_bytes > predicted && (predicted > 0 ? cacheable : f.size_rule != 1))
     fell_short(f, cacheable ? &key : nullptr, predicted, made_bytes);
   else if (f.size_rule == 1 && cacheable && made_bytes != predicted)  // a bound: the real size from now on
-    g_sizes[key] = made_bytes;
+    bounded(g_sizes)[key] = made_bytes;
 }
 
 void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -2093,7 +2101,8 @@ void fill_bytes(py::handle v, const at::Tensor& t) {
 
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
-          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"sizes_unpredicted", g_unsized}, {"cost_misses", g_cost_misses},
+          {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"sizes_unpredicted", g_unsized},
+          {"size_cache", static_cast<int64_t>(g_sizes.size())}, {"cost_cache", static_cast<int64_t>(g_costs.size())}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
           {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released},
           {"constant_writes_told", g_writes_told}, {"constant_writes_untold", g_writes_untold}};
