@@ -2062,6 +2062,8 @@ at::Tensor plain(const at::Tensor& t) {
     Below b;
     r.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
   }
+  r._set_conj(t.is_conj());  // a lazily conjugated or negated view stays one (fft.ifft's output)
+  r._set_neg(t.is_neg());
   return r;
 }
 
