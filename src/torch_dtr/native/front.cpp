@@ -1954,12 +1954,14 @@ int64_t claim() {
     }
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
-    // an op decomposed above autograd stays decomposed, unless the backends have kernels of their own for it
+    // an op decomposed above autograd stays decomposed, unless the CPU has a kernel of its own for it
     // (silu_backward: the CPU kernel, not the composite, is what plain PyTorch runs; the results differ in the
-    // last bits)
+    // last bits). One with a CUDA kernel only (torch 2.14's _fused_rms_norm) stays decomposed too: claimed, its
+    // autograd formula ran on CPU tensors and called a backward that has no CPU kernel. On CUDA it then runs
+    // decomposed where plain PyTorch runs the fused kernel (one kernel serves both devices here).
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
         (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-         !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)))
+         !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)))
       continue;
     std::string full = name.name.substr(6);
     if (!name.overload_name.empty()) full += "." + name.overload_name;
