@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import os
 import platform
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -1022,7 +1025,16 @@ def test_passthrough_runs_every_op_plainly_through_the_fallback_and_ends_cleanly
     """native.passthrough (benchmarks' floor of the mechanism): the thread's ops reach the fallback, which only
     passes them down: a training step's gradients equal plain PyTorch's bit for bit, nothing is managed, the
     thread's dispatch bit is gone afterwards; it is refused while a session manages the thread, and while a
-    managed tensor of an ended session lives (its ops need the front end)."""
+    managed tensor of an ended session lives (its ops need the front end). In a process of its own: passthrough()
+    refuses while any managed storage lives in the process, and in the suite's process earlier tests left one (held
+    below Python: no tensor object found by gc; not traced yet)."""
+    if os.environ.get("DTR_PASSTHROUGH_CHILD") != "1":
+        name = "test_passthrough_runs_every_op_plainly_through_the_fallback_and_ends_cleanly"
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{name}"],
+                           env=dict(os.environ, DTR_PASSTHROUGH_CHILD="1"), capture_output=True, text=True,
+                           check=False, timeout=600)
+        assert r.returncode == 0 and "1 passed" in r.stdout, (r.stdout + r.stderr)[-3000:]
+        return
     ext = native.load()
 
     def step():
