@@ -2,7 +2,7 @@
 and the processes take turns, so that the machine's drift hits them alike. Writes docs/steady*.md.
 
     python benchmarks/steady.py [WORKLOAD ...] [--who plain native ...] [--rounds 15] [--steps 8] [--out docs]
-    TORCH_DTR_CORE=compiled python benchmarks/steady.py gpt2 lstm:full        # the compiled core
+    TORCH_DTR_CORE=python python benchmarks/steady.py gpt2 lstm:full        # the interpreted core
     python benchmarks/steady.py --device cuda gpt2-small:full gpt2:full --who plain mode native native@0.5
 
 Why not ``dispatch.py``'s way (every contender in one process, switched on and off each round): a process's
@@ -18,8 +18,9 @@ plain's median, with the range of the per-round ratios.
 
 Contenders (``--who``): ``plain``; ``mode``: a Python dispatch mode that only calls the op; ``fallback``: the
 native front end's dispatch-key fallback passing every op down, with its CPU allocator (``native.passthrough(
-blocks=True)``); ``native``: the native front end (``native.enable()``); ``torch-dtr``: the Python front end
-(``torch_dtr.enable()``). ``NAME@R`` (CUDA only): under a budget of R times the plain step's
+blocks=True)``); ``native``: the native front end (``native.enable()``); ``torch-dtr``: the default (``torch_dtr.enable()``,
+which runs the compiled front end: the same as ``native`` but through the public entry); ``python``: the Python
+front end (``torch_dtr.enable(front="python")``). ``NAME@R`` (CUDA only): under a budget of R times the plain step's
 ``max_memory_allocated``, measured in that process before switching on; the report adds its peak against the
 budget. Without a budget a contender must evict nothing. Workloads: ``ops`` (``dispatch.py``'s small-op chain,
 CPU), and the bench's ``gpt2``, ``lstm``, ``resnet50``, ``gpt2-small`` at the quick size, or ``NAME:full`` for the
@@ -39,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-BASES = ("plain", "mode", "fallback", "native", "torch-dtr")
+BASES = ("plain", "mode", "fallback", "native", "torch-dtr", "python")
 
 
 def _build(workload: str, device: str) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -98,6 +99,8 @@ def child(workload: str, who: str, warm: int, device: str) -> None:
         native.enable(budget)
     elif base == "torch-dtr":
         torch_dtr.enable(budget=budget)
+    elif base == "python":
+        torch_dtr.enable(budget=budget, front="python")
     for _ in range(warm):
         fn()
     sync()
@@ -121,7 +124,7 @@ def child(workload: str, who: str, warm: int, device: str) -> None:
     if base == "native":
         assert budget is not None or native.stats()["evictions"] == 0
         native.disable()
-    elif base == "torch-dtr":
+    elif base in ("torch-dtr", "python"):
         assert budget is not None or torch_dtr.stats().evictions == 0
         torch_dtr.disable()
 
@@ -229,11 +232,11 @@ def main() -> None:
         results[wl] = measure(wl, args.who, rounds, steps, 1 if full else args.warm, args.device)
     from torch_dtr.core import COMPILED  # noqa: PLC0415
 
-    command = ("TORCH_DTR_CORE=compiled " if COMPILED else "") + "python benchmarks/steady.py " + " ".join(sys.argv[1:])
+    command = ("" if COMPILED else "TORCH_DTR_CORE=python ") + "python benchmarks/steady.py " + " ".join(sys.argv[1:])
     text = report(results, args, command)
     print(text)
     if args.out:
-        name = "steady" + ("-cuda" if args.device == "cuda" else "") + ("-compiled" if COMPILED else "")
+        name = "steady" + ("-cuda" if args.device == "cuda" else "") + ("" if COMPILED else "-interpreted")
         path = Path(args.out) / f"{name}.md"
         path.write_text(text)
         print(f"steady: wrote {path}", file=sys.stderr)
