@@ -18,13 +18,13 @@ plain's median, with the range of the per-round ratios.
 
 Contenders (``--who``): ``plain``; ``mode``: a Python dispatch mode that only calls the op; ``fallback``: the
 native front end's dispatch-key fallback passing every op down, with its CPU allocator (``native.passthrough(
-blocks=True)``); ``native``: the native front end (``native.enable()``); ``torch-dtr``: the default (``torch_dtr.enable()``,
-which runs the compiled front end: the same as ``native`` but through the public entry); ``python``: the Python
-front end (``torch_dtr.enable(front="python")``). ``NAME@R`` (CUDA only): under a budget of R times the plain step's
-``max_memory_allocated``, measured in that process before switching on; the report adds its peak against the
-budget. Without a budget a contender must evict nothing. Workloads: ``ops`` (``dispatch.py``'s small-op chain,
-CPU), and the bench's ``gpt2``, ``lstm``, ``resnet50``, ``gpt2-small`` at the quick size, or ``NAME:full`` for the
-bench's size (fewer rounds and steps: ``--full-rounds``, ``--full-steps``).
+blocks=True)``); ``native``: the native front end (``native.enable()``); ``torch-dtr``: the default
+(``torch_dtr.enable()``, which runs the compiled front end: ``native`` through the public entry); ``python``: the
+Python front end (``torch_dtr.enable(front="python")``). ``NAME@R`` (CUDA only): under a budget of R times the
+plain step's ``max_memory_allocated``, measured in that process before switching on; the report adds its peak
+against the budget. Without a budget a contender must evict nothing. Workloads: ``ops`` (``dispatch.py``'s
+small-op chain, CPU), and the bench's ``gpt2``, ``lstm``, ``resnet50``, ``gpt2-small`` at the quick size, or
+``NAME:full`` for the bench's size (fewer rounds and steps: ``--full-rounds``, ``--full-steps``).
 """
 
 from __future__ import annotations

@@ -210,14 +210,16 @@ def test_tenants_ask_for_the_python_front_end_under_the_compiled_one():
         assert torch_dtr.stats("a").budget_bytes is not None
 
 
-def test_the_simulated_allocator_and_python_options_choose_the_python_front_end():
-    dev = torch_dtr.SimulatedDevice("64MiB")
-    with torch_dtr.enable(budget="32MiB", device=dev) as s:
-        assert s.front == "python"
+def test_the_simulated_allocator_runs_on_the_default_and_python_options_choose_the_python_front_end():
+    with torch_dtr.SimulatedDevice("64MiB") as dev:
+        with torch_dtr.enable(budget="32MiB", device=dev) as s:
+            assert s.front == "native"
+        with torch_dtr.enable(budget=None, front="python", device=dev) as s:
+            assert s.front == "python"
     with torch_dtr.enable(budget=None, costs="time") as s:
         assert s.front == "python"
     with pytest.raises(ValueError, match="needs the Python front end"):
-        torch_dtr.enable(budget=None, front="native", device=dev)
+        torch_dtr.enable(budget=None, front="native", costs="time")
     with pytest.raises(ValueError, match="front must be one of"):
         torch_dtr.enable(front="fast")
     with pytest.raises(TypeError, match="unexpected keyword"):

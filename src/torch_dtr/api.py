@@ -9,8 +9,8 @@
 # 2. ``front=``: ``"auto"`` (the default; ``TORCH_DTR_FRONT`` in the environment when not given), ``"native"`` or
 #    ``"python"``. With ``"auto"``, the Python front end runs where the compiled one cannot be built (no C++
 #    compiler or ninja: said once, with what to install) and where the call asks for what only the Python front
-#    end has: the simulated allocator (``device=SimulatedDevice(...)``) or one of its tuning options
-#    (``_PYTHON_ONLY``). ``"native"`` with such a request is an error naming it.
+#    end has: one of its tuning options (``_PYTHON_ONLY``). ``"native"`` with such a request is an error naming
+#    it. Both run on the simulated allocator (``device=SimulatedDevice(...)``, which is the compiled front end's).
 # 3. Tenants (``tenant()``) run on the Python front end only: under the compiled one ``tenant()`` raises and says
 #    to enable with ``front="python"``.
 # 4. Every other function here (``stats``, ``budget``, ``attach``, ``unwrap``, ``listen``, ``reset_peak``,
@@ -37,7 +37,6 @@ from .core import Listener, Stats
 from .core.policies import DEFAULT_POLICY, Policy
 from .core.runtime import FIX
 from .eager.api import _expandable
-from .eager.simdevice import SimulatedDevice
 
 FRONTS = ("auto", "native", "python")
 # the Python front end's own options, with their defaults (rule 2)
@@ -94,7 +93,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     optimizer state and workspaces included); on the CPU, the bytes torch-dtr tracks (NOTE [ Device memory ]).
     With no budget on CUDA, nothing is evicted until the device runs out of memory; then torch-dtr evicts and
     retries the op. ``device``: whose allocator to follow (default: the current CUDA device where CUDA is
-    available; a ``torch_dtr.SimulatedDevice`` runs the same logic over the CPU, on the Python front end).
+    available; a ``torch_dtr.SimulatedDevice`` runs the same logic over the CPU).
     ``swap``: a host-memory tier (``True``, ``False``, ``"auto"``: on for CUDA), ``host_budget`` its bytes (default
     half the RAM), ``swap_gbps`` the bandwidth its costs assume. ``banish_depth``: NOTE [ Banishing ].
     ``expandable_segments``: PyTorch's expandable segments for the session (None: on for CUDA unless
@@ -103,14 +102,15 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``remat``, ``sync_every``) choose it."""
     global _CURRENT, _LAST
     front = _front_of(front)
+    if expandable_segments not in (None, True, False):
+        raise ValueError(f"torch_dtr: expandable_segments must be None (automatic), True or False, got "
+                         f"{expandable_segments!r}")
     unknown = sorted(set(python_options) - set(_PYTHON_ONLY))
     if unknown:
         raise TypeError(f"torch_dtr.enable() got unexpected keyword argument(s) {unknown}; its options: budget, "
                         f"front, policy, banish_depth, device, swap, host_budget, swap_gbps, expandable_segments, "
                         f"grads_in_place, and the Python front end's {sorted(_PYTHON_ONLY)}")
     python_asked = [f"{k}={v!r}" for k, v in python_options.items() if v != _PYTHON_ONLY[k]]
-    if isinstance(device, SimulatedDevice):
-        python_asked.append("device=SimulatedDevice(...)")
     if front == "native" and python_asked:
         raise ValueError(f"torch_dtr: {', '.join(python_asked)} needs the Python front end, and front='native' was "
                          f"asked for: drop the option, or pass front='python' (or 'auto')")

@@ -9,6 +9,7 @@ bitwise, NaNs equal. Used by ``test_conformance.py`` (a deterministic subset) an
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import warnings
 from collections.abc import Iterator
@@ -136,6 +137,9 @@ def check(op: Any, sample: Any, mode: str, device: Any = None) -> tuple[str, str
         want_out, want_grad = _run(op, sample)
     except Exception as e:  # noqa: BLE001 - the op's own failure on this sample, not ours
         return "plain_raises", f"{type(e).__name__}: {str(e)[:120]}"
+    entered = contextlib.ExitStack()
+    if isinstance(device, torch_dtr.SimulatedDevice) and device.ext is None:
+        entered.enter_context(device)  # it counts what is allocated while entered
     torch_dtr.enable(budget=None, device=device)
     try:
         if mode == "all_evicted":
@@ -146,6 +150,7 @@ def check(op: Any, sample: Any, mode: str, device: Any = None) -> tuple[str, str
         return "raises", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     finally:
         torch_dtr.disable()
+        entered.close()
     if len(got_out) != len(want_out) or len(got_grad) != len(want_grad):
         return "differs", f"{len(got_out)} outputs / {len(got_grad)} grads vs plain {len(want_out)} / {len(want_grad)}"
     values = name(op) not in UNDEFINED

@@ -13,9 +13,6 @@ import torch_dtr
 from torch_dtr import SimulatedDevice
 from torch_dtr.eager.device import Device, window
 
-# the simulated allocator runs on the Python front end (NOTE [ Choosing the front end ] 2)
-pytestmark = pytest.mark.python_front
-
 SCALE = 1 / 8  # the allocator's segment sizes scaled to these small tensors (rule 6)
 WIDTH, DEPTH, BATCH, STEPS = 64, 32, 2048, 3
 
@@ -91,6 +88,7 @@ def test_budget_bounds_the_allocators_count_bitwise(plain, unbudgeted, ratio):
     assert st.outside_bytes > 0, "optimizer state and gradients are outside torch-dtr: counted, not ignored"
 
 
+@pytest.mark.python_front  # its sync_every (the compiled front end's cadence: tests/native/test_device_native.py)
 def test_the_allocator_is_queried_every_sync_every_ops_not_per_op(plain, unbudgeted):
     budget = max(int(plain["max_allocated"] * 0.5), int(1.25 * unbudgeted["stats"].floor_bytes))
     calls = []
@@ -157,8 +155,8 @@ def test_out_of_memory_with_expandable_segments_trains_too(plain):
 
 
 def test_out_of_memory_retry_of_a_random_op_draws_what_plain_draws():
-    """The simulated allocator fails after the op ran on the CPU: its draw is undone, as on CUDA where the
-    allocation fails before the kernel; the retry then draws exactly what plain PyTorch draws."""
+    """The simulated allocator fails where the op allocates, before it draws, as on CUDA; the retry then draws
+    exactly what plain PyTorch draws."""
     def run(cap: int | None, dtr: bool) -> torch.Tensor:
         with SimulatedDevice(cap, scale=SCALE) as dev:
             torch.manual_seed(3)
@@ -182,23 +180,53 @@ def test_out_of_memory_retry_of_a_random_op_draws_what_plain_draws():
 
 # ---------------------------------------------------------------------------------------------- the allocator
 def test_simulated_allocator_rounds_splits_merges_and_releases():
-    dev = SimulatedDevice("64MiB")
-    _, a, n = dev.alloc(4)
-    assert n == 512 and dev.reserved() == 2 << 20, "a small request: 512 B from a 2 MiB small-pool segment"
-    _, b, n = dev.alloc(3 << 20)
-    assert n == 3 << 20 and dev.reserved() == (2 << 20) + (20 << 20), "1-10 MiB: a 20 MiB segment, split"
-    seg_b, c, n = dev.alloc(16 << 20)
-    assert c == b + (3 << 20), "best fit: the rest of the 20 MiB segment"
-    seg_d, d, n = dev.alloc(int(16.5 * 2**20))
-    assert n == int(16.5 * 2**20) and dev.reserved() == (2 << 20) + (20 << 20) + (18 << 20), "> 10 MiB: 2 MiB pages"
-    dev.free(seg_b, c)
-    assert dev.segments()[1][1][-1] == (c, 17 << 20, False), "the freed block merged with the free tail"
-    dev.free(seg_d, d)
-    dev.empty_cache()
-    assert dev.reserved() == (2 << 20) + (20 << 20), "the whole free segment was released"
-    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 50.00 MiB") as e:
-        dev.alloc(50 << 20)
-    assert Device.requested(e.value) == 50 << 20 and dev.ooms == 1
+    with SimulatedDevice("64MiB") as dev:
+        _, n = dev.alloc(4)
+        assert n == 512 and dev.reserved() == 2 << 20, "a small request: 512 B from a 2 MiB small-pool segment"
+        b, n = dev.alloc(3 << 20)
+        assert n == 3 << 20 and dev.reserved() == (2 << 20) + (20 << 20), "1-10 MiB: a 20 MiB segment, split"
+        c, n = dev.alloc(16 << 20)
+        assert c == b + (3 << 20), "best fit: the rest of the 20 MiB segment"
+        assert n == 17 << 20, "1 MiB would remain: not split (the large pool splits above 1 MiB), all 17 counted"
+        d, n = dev.alloc(int(16.5 * 2**20))
+        assert n == int(16.5 * 2**20) and dev.reserved() == (2 << 20) + (20 << 20) + (18 << 20), "> 10 MiB: 2 MiB pages"
+        dev.free(c)
+        assert dev.segments()[1][1][-1] == (c, 17 << 20, False), "the freed block merged with the free tail"
+        dev.free(d)
+        dev.empty_cache()
+        assert dev.reserved() == (2 << 20) + (20 << 20), "the whole free segment was released"
+        with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 50.00 MiB") as e:
+            dev.alloc(50 << 20)
+        assert Device.requested(e.value) == 50 << 20 and dev.ooms == 1
+        with pytest.raises(torch.OutOfMemoryError, match="Simulated device out of memory"):
+            torch.empty(50 << 20, dtype=torch.uint8)  # a real block, refused before the op writes it
+        assert dev.ooms == 2 and dev.allocated() == 512 + (3 << 20)
+    assert dev.max_allocated() == 512 + (3 << 20) + (17 << 20) + int(16.5 * 2**20), "its counts outlive the block"
+    with pytest.raises(RuntimeError, match="enter the SimulatedDevice"):
+        dev.alloc(4)
+
+
+def test_simulated_allocator_counts_scratch_memory_but_not_host_copies():
+    """It counts every block of the CPU allocator while entered (an op's scratch memory too, as CUDA's allocator
+    counts a workspace), but the host tier's copies (NOTE [ Simulated allocator ] 7)."""
+    from torch_dtr.eager.simdevice import uncounted
+
+    x = torch.randn(256, 256)
+    with SimulatedDevice() as dev:
+        with uncounted():
+            host = x.clone()
+        assert dev.allocated() == 0
+        del host
+        a = x + 256 * torch.eye(256)
+        block = dev.allocated()
+        y = torch.linalg.solve(a, x)  # its LU factors and pivots are scratch blocks, freed before it returns
+        assert dev.allocated() == 2 * block and dev.max_allocated() > 2 * block, (dev.max_allocated(), block)
+        del a, y
+    with pytest.raises(RuntimeError, match="one at a time"), SimulatedDevice(), SimulatedDevice():
+        pass
+    with pytest.raises(RuntimeError, match="enter the SimulatedDevice before enabling"):
+        torch_dtr.enable(budget=None, device=SimulatedDevice())
+    assert not torch_dtr.enabled()
 
 
 def test_simulated_allocator_follows_storages_not_tensors():

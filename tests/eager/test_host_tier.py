@@ -136,9 +136,10 @@ def test_bad_swap_options_are_named(kw, match):
 
 
 def test_auto_swaps_on_cuda_only():
-    torch_dtr.enable(budget="1GB", swap="auto", device=SimulatedDevice(None))
-    assert torch_dtr.runtime().tier is None
-    torch_dtr.disable()
+    with SimulatedDevice(None) as dev:
+        torch_dtr.enable(budget="1GB", swap="auto", device=dev)
+        assert torch_dtr.runtime().tier is None
+        torch_dtr.disable()
     torch_dtr.enable(budget="1GB", swap=True)
     tier = torch_dtr.runtime().tier
     assert tier is not None and tier.budget > 0 and not tier.out_free
@@ -189,6 +190,7 @@ def test_a_value_pinned_by_a_changed_constant_is_copied_out_and_an_in_place_writ
     assert st.swaps_out == 2 and st.swaps_in == 2 and st.peak_bytes <= int(2.5 * 4 * mib)
 
 
+@pytest.mark.python_front  # its objects; the compiled front end's: tests/native/test_device_native.py
 def test_a_copy_back_that_finds_the_device_full_evicts_and_retries():
     """NOTE [ Host copies ] 7: no budget (evictions on out-of-memory only), a simulated device of 5 MiB. ``a`` is
     copied out, plain allocations then leave less room than ``a`` needs: copying it back runs out of memory,

@@ -289,9 +289,21 @@ def test_a_device_that_is_not_an_allocator_is_refused(bad):
         native.enable("1GiB", device=bad)
 
 
-def test_the_simulated_allocator_is_refused_with_the_python_front_end_named():
-    with torch_dtr.SimulatedDevice("64MiB") as dev, pytest.raises(TypeError, match="use it with torch_dtr.enable"):
-        native.enable("1GiB", device=dev)
+def test_a_simulated_device_lays_out_the_compiled_front_ends_values():
+    """The out-of-memory windows need each value's place in the simulated layout (``Device.locate``)."""
+    with torch_dtr.SimulatedDevice(None) as dev:
+        s = native.enable(None, device=dev)
+        try:
+            w = torch.randn(64, 64, requires_grad=True)
+            ys = [(w * k).exp() for k in range(4)]
+            s.flush()
+            addrs = [dev.locate(x.payload.data_ptr) for x in s.rt.candidates if x.payload is not None]
+            used = {a for _, blocks in dev.segments() for a, _, u in blocks if u}
+            assert len(addrs) >= len(ys) and all(addrs) and set(addrs) <= used, (addrs, used)
+            # counted as the allocator counts them: 512-byte blocks
+            assert all(x.nbytes % 512 == 0 for x in s.rt.candidates)
+        finally:
+            native.disable()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -327,3 +339,35 @@ def test_cuda_the_budget_bounds_max_memory_allocated_at_60():
     assert got == losses
     assert s.rt.stats().evictions > 0
     assert got_peak <= budget, (got_peak, budget)
+
+
+def test_a_copy_back_that_finds_the_simulated_device_full_evicts_and_retries():
+    """As tests/eager/test_host_tier.py's test of the same name, under the compiled front end: no budget, a
+    simulated device of 5 MiB; ``a`` is copied out (host copies are not the device's), plain allocations then leave
+    less room than ``a`` needs, so copying it back runs out of memory, evicts ``b`` and retries."""
+    mib = 1 << 20
+    with torch_dtr.SimulatedDevice(5 * mib, scale=1 / 8, expandable=True) as dev:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g)  # 1 MiB each
+        want = (x @ w).sum()
+        s = native.enable(None, device=dev, swap=True, swap_gbps=1000)
+        try:
+            with torch.no_grad():  # managed for inference
+                a = x @ w
+                b = x + 1
+                with native._core_locked(s.ext):
+                    s.flush()
+                    s.rt.evict(s.ext.storage_of(a))  # a matmul costs more than a copy at 1 TB/s: copied out
+                st = native.stats()
+                assert st["swaps_out"] == 1 and st["evictions"] == 1, st
+                assert dev.allocated() < 4 * mib, "the host copy is not the device's"
+                fill = torch.empty(3 * mib // 2, dtype=torch.uint8)  # plain: the device holds 4.5 of 5 MiB now
+                got = a.sum()
+            st = native.stats()
+            assert st["swaps_in"] == 1 and st["oom_retries"] >= 1, st
+            assert not s.ext.storage_of(b).resident
+            assert torch.equal(got, want)
+            assert dev.max_allocated() <= 5 * mib
+            del fill
+        finally:
+            native.disable()

@@ -78,6 +78,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if device is not None and not isinstance(device, Device):
         raise TypeError(f"torch_dtr: device must be a torch_dtr device (CudaDevice, SimulatedDevice) or None, got "
                         f"{device!r} ({type(device).__name__}); a torch.device is chosen by where the tensors are")
+    if device is not None:
+        device.ready()
     if isinstance(sync_every, bool) or not isinstance(sync_every, numbers.Integral) or sync_every < 1:
         raise ValueError(f"torch_dtr: sync_every must be an int >= 1 (managed ops between allocator queries), got "
                          f"{sync_every!r}")

@@ -50,7 +50,7 @@ from .rng import RngState
 #    allocated before keep their segments. ``expandable_segments=False`` leaves the allocator as it is.
 # 7. Tested without a GPU: ``simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
 #    (512 B rounding, 2 MiB and 20 MiB segments, best fit, splitting, a capacity that raises PyTorch's
-#    ``OutOfMemoryError``) over CPU tensors, behind the same ``Device`` interface.
+#    ``OutOfMemoryError``) over the CPU allocator's blocks, behind the same ``Device`` interface.
 # 8. Workspaces allocated inside ops: cuBLAS takes a workspace from PyTorch's allocator for each (handle,
 #    stream) pair, handles are per thread, and autograd runs a CUDA backward on a thread of its own, so the
 #    first matrix product of the first backward allocates one (32 MiB on Hopper) where no dispatch sees it.
@@ -104,6 +104,13 @@ class Device:
     def segments(self) -> list[Segment]:
         """The allocator's layout: each segment's pool and blocks in address order (empty: unknown)."""
         return []
+
+    def ready(self) -> None:
+        """Raise where a session cannot follow this device yet (a SimulatedDevice not entered)."""
+
+    def locate(self, ptr: int) -> int:
+        """Where the block whose data starts at ``ptr`` lies in ``segments()``' addresses (0: not there)."""
+        return ptr
 
     def set_expandable(self, on: bool) -> bool | None:
         """Switch expandable segments on or off for allocations from now on (rule 6); returns the setting it
@@ -228,11 +235,11 @@ class OutOfMemory:
     """Runs an op (or a recomputation) and, when the device runs out of memory, evicts and retries
     (NOTE [ Device memory ] 4)."""
 
-    def __init__(self, rt: Runtime, device: Device,
-                 address: Callable[[Any], int] = lambda t: t.untyped_storage().data_ptr()) -> None:
+    def __init__(self, rt: Runtime, device: Device, address: Callable[[Any], int] | None = None) -> None:
         self.rt = rt
         self.device = device
-        self.address = address  # a payload's address in the device's memory (0: none)
+        # a payload's address in the device's layout (0: none): by default a tensor's data pointer
+        self.address = address or (lambda t: device.locate(t.untyped_storage().data_ptr()))
 
     def __call__(self, run: Callable[[], Any], need: int, rng: RngState | None) -> Any:
         while True:

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..core import Storage, Tier
 from ..core.errors import parse_budget
+from .simdevice import uncounted
 
 # NOTE [ Host copies ]
 #
@@ -28,8 +29,8 @@ from ..core.errors import parse_budget
 #    memory (asynchronous; PyTorch keeps the pinned block until the copy has run). Copies out overlap
 #    compute, so only copies back are charged (``Tier.out_free``).
 # 3. The CPU (and ``SimulatedDevice``): plain synchronous copies into tensors that no dispatch mode sees (a
-#    simulated device does not count them); both directions are charged. This tier saves no RAM on the CPU:
-#    it exists so that every path of swapping runs in CI, with a host budget of its own.
+#    simulated device does not count them: ``uncounted``); both directions are charged. This tier saves no RAM
+#    on the CPU: it exists so that every path of swapping runs in CI, with a host budget of its own.
 # 4. Modelled bandwidths (bytes per second of modelled cost, as NOTE [ Modelled costs ]): 25 GB/s to a GPU
 #    (PCIe 4.0/5.0 x16 with pinned memory, rounded down), 2.5 GB/s on the CPU (a copy reads and writes each
 #    byte at ``costs.RATES``' 5 GB/s). ``swap_gbps`` overrides them.
@@ -165,7 +166,8 @@ class HostTier(Tier):
             else:  # in the compute stream's order: the device block may be reused by what follows at once
                 host.copy_(src, non_blocking=True)
         else:
-            host = src.clone()
+            with uncounted():  # in host memory on a GPU (NOTE [ Simulated allocator ] 7)
+                host = src.clone()
         return host, event
 
     @staticmethod

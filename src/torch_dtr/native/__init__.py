@@ -33,7 +33,7 @@ the Python core.
 #    tensor's ``.data`` (NOTE [ Native exports ] 4: a module converted with ``.double()`` while enabled).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
-# 5. What this front end does not do, where eager/front.py does: tenants; the simulated allocator. Threads other
+# 5. What this front end does not do, where eager/front.py does: tenants. Threads other
 #    than the enabling one run plain unless they read managed tensors or join (``torch_dtr.attach()``, which sets
 #    the thread's dispatch bit). torch.compile regions and torch.func transforms are not managed, said once per
 #    session (NOTE [ Unmanaged regions ]). Sizes: meta kernels, then eager/sizes.py's rules (a rule that reads
@@ -75,8 +75,10 @@ the Python core.
 #    what the allocator was asked for, gets its arguments and random state back, and runs again (front.cpp,
 #    `run_retrying`); re-raised when nothing is left to evict; so do recomputations, and plain ops (an
 #    optimizer's update) but random ones.
-#    Where the device knows its layout (CUDA), a window of adjacent blocks goes first, as with the Python front
-#    end (NOTE [ Device memory ] 4; ``Value.data_ptr`` gives a value's address).
+#    Where the device knows its layout (CUDA, the simulated device), a window of adjacent blocks goes first, as with
+#    the Python front end (NOTE [ Device memory ] 4; ``Value.data_ptr`` gives a value's address, ``Device.locate``
+#    its place in the layout). The simulated device (NOTE [ Simulated allocator ]) is a hook in `Blocks`
+#    (simalloc.cpp): it counts CPU tensors as CUDA's allocator counts device ones (512-byte blocks).
 # 9. Gradients summed in place: autograd's engine adds a value's next gradient term into the running sum in place
 #    only when it holds the sum's tensor and storage alone (InputBuffer::accumulate); otherwise it makes a new
 #    tensor per term, so a sum needs room for three terms at once instead of two. A managed tensor here is one
@@ -164,7 +166,9 @@ def _build() -> Any:
         raise NativeUnavailable(f"torch_dtr.native: torch.utils.cpp_extension is missing ({e})") from e
     t0 = time.perf_counter()
     try:
-        ext = build("torch_dtr_native", [str(Path(__file__).with_name("front.cpp"))], extra_cflags=["-O2", "-DNDEBUG"])
+        here = Path(__file__).parent
+        ext = build("torch_dtr_native", [str(here / "front.cpp"), str(here / "simalloc.cpp")],
+                    extra_cflags=["-O2", "-DNDEBUG"])
     except Exception as e:  # no compiler, no ninja, a compile error
         raise NativeUnavailable(
             f"torch_dtr.native: the C++ front end could not be built ({type(e).__name__}: {str(e)[-400:]}); it needs "
@@ -223,13 +227,15 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     from ..eager.device import CudaDevice, Device
     from ..eager.simdevice import SimulatedDevice
 
-    if device is not None and (not isinstance(device, Device) or isinstance(device, SimulatedDevice)):
-        raise TypeError(f"torch_dtr.native: device must be a torch_dtr device with an allocator count (CudaDevice) or "
-                        f"None, got {device!r} ({type(device).__name__}); the SimulatedDevice is a dispatch mode that "
-                        f"does not see this front end's evictions: use it with torch_dtr.enable()")
+    if device is not None and not isinstance(device, Device):
+        raise TypeError(f"torch_dtr.native: device must be a torch_dtr device with an allocator count (CudaDevice, "
+                        f"SimulatedDevice) or None, got {device!r} ({type(device).__name__})")
+    if device is not None:
+        device.ready()
     if device is None and torch.cuda.is_available():
         device = CudaDevice()
     cuda = isinstance(device, CudaDevice)
+    kind = 0 if device is None else 1 if cuda else 3 if isinstance(device, SimulatedDevice) else 2
     swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda, "torch_dtr.native")
     if banish_depth is None:
         banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
@@ -256,7 +262,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8
-    ext.set_count_plain(0 if device is None else 1 if cuda else 2)  # rule 8: plain ops' outputs on the device
+    ext.set_count_plain(kind)  # rule 8: plain ops' outputs on the device (front.cpp, g_count_plain)
     ext.set_lend(bool(grads_in_place))  # rule 9
     install_exports(ext)  # NOTE [ Native exports ]
     guard_storage(ext, True)

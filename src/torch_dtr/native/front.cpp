@@ -56,6 +56,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "simalloc.h"
+
 namespace {
 
 // ------------------------------------------------------------------ the records' own heap (rule 5)
@@ -168,7 +170,8 @@ py::list* g_empty = nullptr;  // one shared empty list, for arguments that stay 
 int64_t g_room = -1;
 // under a budget with a device (NOTE [ Device memory ] 2): plain ops' fresh outputs on it count as outside bytes
 // until the core's next query; their bytes since the last call into the core (any thread adds, the GIL's holder
-// takes). The device: 0 none, 1 CUDA (its allocator's 512-byte blocks), 2 the CPU (this front end's `Blocks`).
+// takes). The device: 0 none, 1 CUDA (its allocator's 512-byte blocks), 2 the CPU (this front end's `Blocks`), 3
+// a simulated device (CPU tensors in 512-byte blocks: simalloc.h).
 int g_count_plain = 0;
 std::atomic<int64_t> g_plain_bytes{0};
 int64_t take_plain() { return g_count_plain ? g_plain_bytes.exchange(0) : 0; }
@@ -408,6 +411,7 @@ struct Blocks final : c10::Allocator {
     if (!data) return;
     void* raw = static_cast<void**>(data)[-1];
     const size_t n = *static_cast<size_t*>(raw);
+    if (simalloc::on()) simalloc::give(data);  // (before the address can be handed out again)
     g_blocks_now.fetch_sub(static_cast<int64_t>(n), std::memory_order_relaxed);
     if (n < kept::kLeast || !kept::keep(raw, n)) std::free(raw);
   }
@@ -432,6 +436,14 @@ struct Blocks final : c10::Allocator {
     const auto start = reinterpret_cast<uintptr_t>(raw) + kHead;
     void* data = reinterpret_cast<void*>((start + kAlign - 1) & ~(kAlign - 1));
     static_cast<void**>(data)[-1] = raw;
+    if (simalloc::on()) {  // a simulated device carves the block too, and may be out of memory (simalloc.h)
+      try {
+        simalloc::take(data, n);
+      } catch (...) {
+        if (n < kept::kLeast || !kept::keep(raw, n)) std::free(raw);
+        throw;
+      }
+    }
     const int64_t now = g_blocks_now.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + n;
     int64_t peak = g_blocks_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_blocks_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
@@ -463,7 +475,10 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> cpu_blocks_kept() {
   return {kept::g_bytes, kept::g_hits, kept::g_misses, static_cast<int64_t>(kept::g_sized.size())};
 }
 
-void cpu_blocks(bool on) {
+// installed while a session (`cpu_blocks`) or a simulated device (`cpu_blocks_sim`) wants it
+bool g_blocks_session = false, g_blocks_sim = false;
+void blocks_install() {
+  const bool on = g_blocks_session || g_blocks_sim;
   kept::empty(on, g_blocks_now.load());
   if (on && !g_cpu_was) {
     g_cpu_was = c10::GetCPUAllocator();
@@ -472,6 +487,14 @@ void cpu_blocks(bool on) {
     c10::SetCPUAllocator(g_cpu_was, 100);
     g_cpu_was = nullptr;
   }
+}
+void cpu_blocks(bool on) {
+  g_blocks_session = on;
+  blocks_install();
+}
+void cpu_blocks_sim(bool on) {
+  g_blocks_sim = on;
+  blocks_install();
 }
 
 // ------------------------------------------------------------------ running below
@@ -1314,7 +1337,7 @@ void count_plain(const Facts& f, const torch::jit::Stack& stack) {
     if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided) return;
     if (g_count_plain == 1 ? !t.is_cuda() : !t.is_cpu()) return;
     const auto b = static_cast<int64_t>(t.storage().nbytes());
-    n += g_count_plain == 1 ? (b + 511) / 512 * 512 : b;
+    n += g_count_plain != 2 ? (b + 511) / 512 * 512 : b;
   };
   for (size_t k = 0; k < nout; ++k) {
     if (f.returns[k]) continue;  // an alias of an input
@@ -1732,7 +1755,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     // on CUDA counted as the caching allocator counts it, in blocks of 512 bytes (NOTE [ Device memory ] 2)
     const auto n = static_cast<int64_t>(si->nbytes());
     made_bytes += n;
-    nbytes.append(si->device().is_cuda() ? (n + 511) / 512 * 512 : n);
+    nbytes.append(si->device().is_cuda() || g_count_plain == 3 ? (n + 511) / 512 * 512 : n);
     values.append(value_of(slot));
     fresh.push_back(Fresh{k, elem, std::move(slot)});
   };
@@ -2158,6 +2181,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return first;
   });
   m.def("cpu_blocks", &cpu_blocks);
+  m.def("cpu_blocks_sim", &cpu_blocks_sim);
+  simalloc::bind(m);
   m.def("cpu_blocks_on", &cpu_blocks_on);
   m.def("cpu_blocks_usage", &cpu_blocks_usage);
   m.def("cpu_blocks_reset_peak", &cpu_blocks_reset_peak);

@@ -48,7 +48,9 @@ class Session:
         self.unwrap_fsdp: Any = lambda: None  # enable() wraps FSDP2's reshard (NOTE [ Resharded parameters ])
         # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
         # knows its layout (NOTE [ Device memory ] 4)
-        self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: v.data_ptr)
+        self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: device.locate(v.data_ptr))
+        if tier is not None:
+            tier.oom = self.evictor  # a copy back that runs out of the device's memory evicts and retries
 
     # ------------------------------------------------------------------ called by the kernel
     # ``before``, ``ran`` and ``queued`` are the core's Feed (NOTE [ Feed ]): bound in __init__, so that the kernel

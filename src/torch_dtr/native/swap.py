@@ -45,6 +45,13 @@ class NativeTier(HostTier):
 
     def copy_in(self, s: Storage) -> Any:
         host, event, device, v = s.host
+
+        def run() -> torch.Tensor:
+            with self._below():
+                return self.copy_bytes_in(host, event, device)
+
+        # the device may be full although the budget holds: evict and retry (NOTE [ Host copies ] 7)
+        flat = run() if self.oom is None else self.oom(run, s.nbytes, None)
         with self._below():
-            v.fill(self.copy_bytes_in(host, event, device))
+            v.fill(flat)
         return v
