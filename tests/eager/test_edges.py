@@ -132,3 +132,32 @@ def test_torch_func_transforms_warn_once_that_their_work_is_outside_the_budget()
     import torch._functorch.apis as apis
 
     assert apis.vmap_impl.__name__ == "vmap_impl", "disable() restores the transforms"
+
+
+@pytest.mark.parametrize("budget", [None, "100KB"])
+def test_spectra_without_vectors_are_bitwise_plain_under_no_grad(budget):
+    """NOTE [ Spectra without vectors ]: under the Python front end svdvals took the vectors' LAPACK routine on a
+    managed tensor (PyTorch treats any subclass as needing a gradient) and returned values 1e-5 from plain's."""
+    torch.manual_seed(0)
+    a = torch.randn(64, 48)
+    s = a[:48] @ a[:48].T
+
+    def spectra() -> list[torch.Tensor]:
+        with torch.no_grad():
+            b, c = a * 1, s * 1  # managed under no_grad (inference)
+            return [torch.linalg.svdvals(b), torch.linalg.eigvalsh(c), torch.linalg.eigvalsh(c, UPLO="U")]
+
+    want = spectra()
+    orig = torch.linalg.svdvals
+    torch_dtr.enable(budget=budget)
+    try:
+        got = [torch_dtr.unwrap(t) for t in spectra()]
+        w = a.clone().requires_grad_()
+        torch.linalg.svdvals(w * 1).sum().backward()  # with a gradient: the vectors, as plain computes them
+    finally:
+        torch_dtr.disable()
+    assert torch.linalg.svdvals is orig, "the wrapper goes with the session"
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
+    w2 = a.clone().requires_grad_()
+    torch.linalg.svdvals(w2 * 1).sum().backward()
+    assert torch.equal(w.grad, w2.grad)

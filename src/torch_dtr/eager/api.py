@@ -19,7 +19,7 @@ from . import tenants as _tenants
 from .device import CudaDevice, Device
 from .front import DEFAULT_BANISH_DEPTH, Front
 from .swap import banish_default, tier_options
-from .tensor import DTRTensor, guard_dlpack
+from .tensor import DTRTensor, guard_dlpack, spectra
 
 _LAST: Front | None = None  # the most recent front end, for stats() after disable()
 _FROZE = False  # enable() froze the garbage collector's view of older objects (see enable)
@@ -96,6 +96,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         f.dev.prepare()  # NOTE [ Device memory ] 8 (before the mode: these ops stay plain)
     f.expandable_was = _expandable(f.dev, expandable_segments)
     guard_dlpack()
+    spectra(True)  # NOTE [ Spectra without vectors ]
     f.mode.__enter__()
     _front.set_active(f)
     _LAST = f
@@ -157,6 +158,7 @@ def disable() -> None:
     try:
         f.mode.__exit__(None, None, None)
     finally:
+        spectra(False)
         f.close()
         if f.expandable_was is not None and f.dev is not None:
             f.dev.set_expandable(f.expandable_was)

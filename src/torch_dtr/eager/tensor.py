@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -85,6 +86,54 @@ class Cell:
                 front.drain_if_idle()
         except Exception:  # interpreter shutdown
             pass
+
+
+# NOTE [ Spectra without vectors ]
+#
+# torch.linalg.svdvals and eigvalsh compute the vectors too where the input "may need a gradient", and PyTorch
+# counts every tensor subclass as one that may: under the Python front end they took another LAPACK routine and
+# returned other values than plain PyTorch (svdvals 1e-5 apart under no_grad). While the Python front end runs,
+# ``torch.linalg.svdvals`` and ``torch.linalg.eigvalsh`` are wrapped (``spectra``): on a managed tensor that
+# needs no gradient they run the kernel plain PyTorch runs. A wrapper, not ``DTRTensor.__torch_function__``:
+# that would put a Python call in front of every method and attribute of a managed tensor (10% of a small-op
+# loop). Not covered: what calls them from C++ (matrix_norm of ord 2, cond, matrix_rank) or holds the function
+# from before ``enable()``. The compiled front end's tensors are not subclasses: it never had the difference.
+
+
+def _no_grad_needed(a: Any) -> bool:
+    return isinstance(a, DTRTensor) and not (a.requires_grad and torch.is_grad_enabled())
+
+
+def _svdvals(orig: Any) -> Any:
+    def svdvals(A: torch.Tensor, *, driver: str | None = None, out: Any = None) -> torch.Tensor:  # noqa: N803
+        if out is None and _no_grad_needed(A):
+            return torch.ops.aten._linalg_svd.default(A, False, False, driver=driver)[1]
+        return orig(A, driver=driver) if out is None else orig(A, driver=driver, out=out)
+    return svdvals
+
+
+def _eigvalsh(orig: Any) -> Any:
+    def eigvalsh(A: torch.Tensor, UPLO: str = "L", *, out: Any = None) -> torch.Tensor:  # noqa: N803
+        if out is None and _no_grad_needed(A):
+            return torch.ops.aten._linalg_eigh.default(A, UPLO, False)[0]
+        return orig(A, UPLO) if out is None else orig(A, UPLO, out=out)
+    return eigvalsh
+
+
+_SPECTRA = {"svdvals": _svdvals, "eigvalsh": _eigvalsh}
+_ORIGINAL: dict[str, Any] = {}
+
+
+def spectra(on: bool) -> None:
+    """Wrap (or restore) torch.linalg's svdvals and eigvalsh (NOTE [ Spectra without vectors ])."""
+    if on and not _ORIGINAL:
+        for name, wrap in _SPECTRA.items():
+            _ORIGINAL[name] = getattr(torch.linalg, name)
+            setattr(torch.linalg, name, functools.wraps(_ORIGINAL[name])(wrap(_ORIGINAL[name])))
+    elif not on and _ORIGINAL:
+        for name, orig in _ORIGINAL.items():
+            setattr(torch.linalg, name, orig)
+        _ORIGINAL.clear()
 
 
 class DTRTensor(torch.Tensor):
