@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import io
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -253,6 +255,29 @@ def test_fresh_leaf_every_iteration_gets_a_plain_grad_and_memory_stays_flat_for_
         late.requires_grad_()  # then it becomes a leaf that requires grad
         (late * 2).sum().backward()
         assert type(late.grad) is torch.Tensor
+    finally:
+        torch_dtr.disable()
+
+
+def test_a_constant_that_becomes_a_leaf_gets_a_plain_grad_and_is_not_kept_alive_by_it():
+    """A plain tensor read as a constant, then ``requires_grad_()``: its gradient came back managed under the
+    compiled front end, and that gradient's lineage read the tensor itself, so the tensor kept its own gradient
+    alive through a recipe where the garbage collector cannot see (it outlived the program's last reference)."""
+    torch.manual_seed(0)
+    w = torch.randn(3, 3, requires_grad=True)
+    torch_dtr.enable(budget="4MB")
+    try:
+        late = torch.randn(3, 3)
+        (late @ w).sum()  # a constant of a managed op, without grad
+        late.requires_grad_()
+        (late * 2).sum().backward()
+        assert torch_dtr.unwrap(late.grad) is late.grad, "the gradient of a plain leaf is plain"
+        assert torch.equal(late.grad, torch.full((3, 3), 2.0))
+        gone = weakref.ref(late)
+        del late
+        torch_dtr.stats()  # (deaths since the core's last call are told to it first)
+        gc.collect()
+        assert gone() is None, "nothing keeps the leaf alive"
     finally:
         torch_dtr.disable()
 

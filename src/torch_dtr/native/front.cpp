@@ -924,6 +924,10 @@ struct Seen {  // a constant storage, counted while a tensor seen on it lives (a
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   int64_t nbytes;
   bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
+  // a leaf on it that requires grad was handed to the session's `see`, which makes its gradients come back plain
+  // (a constant read before `requires_grad_()` is handed over again then: its managed gradient's lineage read
+  // it, so the leaf kept its own gradient alive through a recipe, out of the garbage collector's sight)
+  bool hooked = false;
   c10::intrusive_ptr<Readers> readers;  // (null until a recipe reads it)
   // whether a recipe alive reads it (those that died have let go of `readers`; their ops' recipes are gone)
   bool read_live() const { return readers && readers.use_count() > 1; }
@@ -1546,12 +1550,17 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
             g_seen.erase(it);
             it = g_seen.end();
           }
-          if (it == g_seen.end()) {
+          const bool fresh = it == g_seen.end();
+          if (fresh) {
             fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
             it = g_seen.emplace(si, Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(
                                              c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si)), n}).first;
           }
           it->second.saw(t);
+          if (!it->second.hooked && t.requires_grad() && t.is_leaf()) {
+            it->second.hooked = true;
+            if (!fresh) fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
+          }
           reads.push_back(si);
           if (f.written[i] && it->second.read) {
             it->second.read = false;
