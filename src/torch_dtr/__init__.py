@@ -11,7 +11,7 @@ from .core.policies import POLICIES, register
 
 _API = ("Session", "attach", "budget", "disable", "enable", "enabled", "front", "listen", "reset_peak", "runtime",
         "stats", "tenant", "unwrap")
-_EAGER = ("ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice", "parse_budget")
+_EAGER = ("ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "parse_budget")
 
 
 def __getattr__(name: str) -> object:
@@ -25,6 +25,10 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module(".native", __name__)
+    if name == "SimulatedDevice":  # the compiled front end's allocator, which both front ends run on
+        from .native.simdevice import SimulatedDevice
+
+        return SimulatedDevice
     if name in _EAGER:
         from . import eager
 

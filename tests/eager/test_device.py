@@ -209,11 +209,9 @@ def test_simulated_allocator_rounds_splits_merges_and_releases():
 def test_simulated_allocator_counts_scratch_memory_but_not_host_copies():
     """It counts every block of the CPU allocator while entered (an op's scratch memory too, as CUDA's allocator
     counts a workspace), but the host tier's copies (NOTE [ Simulated allocator ] 7)."""
-    from torch_dtr.eager.simdevice import uncounted
-
     x = torch.randn(256, 256)
     with SimulatedDevice() as dev:
-        with uncounted():
+        with dev.host_copies():
             host = x.clone()
         assert dev.allocated() == 0
         del host

@@ -17,9 +17,8 @@ from .api import (
                   unwrap,
 )
 from .device import CudaDevice, Device
-from .simdevice import SimulatedDevice
 from .tensor import DTRTensor
 
-__all__ = ["ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice", "attach", "budget",
+__all__ = ["ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "attach", "budget",
            "disable", "enable", "enabled", "listen", "parse_budget", "peek", "reset_peak", "runtime", "stats", "tenant",
            "unwrap"]

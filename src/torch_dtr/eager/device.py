@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections import deque
@@ -48,7 +49,7 @@ from .rng import RngState
 #    segments on for the session (``expandable_segments=None``, the default on CUDA, unless
 #    ``PYTORCH_CUDA_ALLOC_CONF`` names the setting: the user decided) and back off at ``disable()``; blocks
 #    allocated before keep their segments. ``expandable_segments=False`` leaves the allocator as it is.
-# 7. Tested without a GPU: ``simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
+# 7. Tested without a GPU: ``native/simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
 #    (512 B rounding, 2 MiB and 20 MiB segments, best fit, splitting, a capacity that raises PyTorch's
 #    ``OutOfMemoryError``) over the CPU allocator's blocks, behind the same ``Device`` interface.
 # 8. Workspaces allocated inside ops: cuBLAS takes a workspace from PyTorch's allocator for each (handle,
@@ -104,6 +105,11 @@ class Device:
     def segments(self) -> list[Segment]:
         """The allocator's layout: each segment's pool and blocks in address order (empty: unknown)."""
         return []
+
+    def host_copies(self) -> contextlib.AbstractContextManager[None]:
+        """Around the host tier's copies: what is allocated inside is not this device's memory (a simulated
+        device's blocks are CPU blocks, as the copies are)."""
+        return contextlib.nullcontext()
 
     def ready(self) -> None:
         """Raise where a session cannot follow this device yet (a SimulatedDevice not entered)."""

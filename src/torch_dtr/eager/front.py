@@ -185,6 +185,7 @@ class Front:
         self.oom = None if device is None else OutOfMemory(self.rt, device)
         if tier is not None:
             tier.oom = self.oom  # a copy back that runs out of device memory evicts, retries (NOTE [ Host copies ] 7)
+            tier.device = device  # its host_copies() around the copies out
         self.rates = "cuda" if isinstance(device, CudaDevice) else "cpu"  # modelled costs of ops on the device
         self.active = False  # set while this is the enabled front end (``set_active``)
         self.lock = threading.RLock()

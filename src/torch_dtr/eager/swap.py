@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import threading
@@ -14,7 +15,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..core import Storage, Tier
 from ..core.errors import parse_budget
-from .simdevice import uncounted
 
 # NOTE [ Host copies ]
 #
@@ -29,7 +29,7 @@ from .simdevice import uncounted
 #    memory (asynchronous; PyTorch keeps the pinned block until the copy has run). Copies out overlap
 #    compute, so only copies back are charged (``Tier.out_free``).
 # 3. The CPU (and ``SimulatedDevice``): plain synchronous copies into tensors that no dispatch mode sees (a
-#    simulated device does not count them: ``uncounted``); both directions are charged. This tier saves no RAM
+#    simulated device does not count them: ``Device.host_copies``); both directions are charged. This tier saves no RAM
 #    on the CPU: it exists so that every path of swapping runs in CI, with a host budget of its own.
 # 4. Modelled bandwidths (bytes per second of modelled cost, as NOTE [ Modelled costs ]): 25 GB/s to a GPU
 #    (PCIe 4.0/5.0 x16 with pinned memory, rounded down), 2.5 GB/s on the CPU (a copy reads and writes each
@@ -109,6 +109,7 @@ class HostTier(Tier):
         self.stream: Any = None  # the side stream of copies out, made at the first one
         self.flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (event, device tensor kept alive, bytes)
         self.oom: Any = None  # the front end's device.OutOfMemory: a copy back that runs out evicts and retries
+        self.device: Any = None  # the front end's Device (its host_copies() around copies)
 
     # rule 8: the pool's room, not this tier's alone
     def free_bytes(self) -> float:
@@ -166,8 +167,8 @@ class HostTier(Tier):
             else:  # in the compute stream's order: the device block may be reused by what follows at once
                 host.copy_(src, non_blocking=True)
         else:
-            with uncounted():  # in host memory on a GPU (NOTE [ Simulated allocator ] 7)
-                host = src.clone()
+            with self.device.host_copies() if self.device is not None else contextlib.nullcontext():
+                host = src.clone()  # host memory (a simulated device counts CPU blocks: NOTE [ Simulated allocator ] 7)
         return host, event
 
     @staticmethod

@@ -29,7 +29,8 @@ the Python core.
 #    seen on it lives (a death is found before the next call to ``Session.before``, and otherwise within
 #    (constants / 8) managed ops: front.cpp, ``g_sweep_in``), and a write to one that recipes read invalidates
 #    those recipes first (NOTE [ Changed constants ] 2, by storage address). Gradients accumulated into plain
-#    leaves come back plain (pinned), and so do managed values that become parameters, buffers or a plain
+#    leaves come back plain (pinned; a constant first read without grad is handed to ``Session._see`` again once
+#    it is a leaf that requires grad), and so do managed values that become parameters, buffers or a plain
 #    tensor's ``.data`` (NOTE [ Native exports ] 4: a module converted with ``.double()`` while enabled).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
@@ -225,7 +226,6 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
                                      or banish_depth < 0):
         raise ValueError(f"torch_dtr.native: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
     from ..eager.device import CudaDevice, Device
-    from ..eager.simdevice import SimulatedDevice
 
     if device is not None and not isinstance(device, Device):
         raise TypeError(f"torch_dtr.native: device must be a torch_dtr device with an allocator count (CudaDevice, "
@@ -235,7 +235,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     if device is None and torch.cuda.is_available():
         device = CudaDevice()
     cuda = isinstance(device, CudaDevice)
-    kind = 0 if device is None else 1 if cuda else 3 if isinstance(device, SimulatedDevice) else 2
+    kind = 0 if device is None else 1 if cuda else 3 if device.name == "simulated" else 2  # (simdevice.py)
     swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda, "torch_dtr.native")
     if banish_depth is None:
         banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)

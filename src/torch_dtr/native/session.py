@@ -51,6 +51,7 @@ class Session:
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: device.locate(v.data_ptr))
         if tier is not None:
             tier.oom = self.evictor  # a copy back that runs out of the device's memory evicts and retries
+            tier.device = device  # its host_copies() around the copies out
 
     # ------------------------------------------------------------------ called by the kernel
     # ``before``, ``ran`` and ``queued`` are the core's Feed (NOTE [ Feed ]): bound in __init__, so that the kernel

@@ -1,5 +1,5 @@
 // The simulated CUDA caching allocator: simalloc.h; the rules it follows are NOTE [ Simulated allocator ] in
-// eager/simdevice.py (the SimulatedDevice that drives it from Python). All state is under one mutex: the calls
+// simdevice.py (the SimulatedDevice that drives it from Python). All state is under one mutex: the calls
 // come from whichever thread allocates, with or without the GIL.
 #include "simalloc.h"
 

@@ -1,4 +1,4 @@
-// The simulated CUDA caching allocator (NOTE [ Simulated allocator ] in eager/simdevice.py): while a
+// The simulated CUDA caching allocator (NOTE [ Simulated allocator ] in native/simdevice.py): while a
 // SimulatedDevice is entered, every block the CPU allocator (front.cpp, `Blocks`) hands out is also carved from
 // simulated segments as PyTorch's CUDA caching allocator would carve it, and an allocation that the simulated
 // capacity cannot hold raises c10's OutOfMemoryError before the op runs, as on CUDA.

@@ -11,8 +11,8 @@ While it is entered, every block that PyTorch's CPU allocator hands out (whoever
 scratch memory, a factory, either front end) is also carved from simulated segments as PyTorch's CUDA caching
 allocator carves it (NOTE [ Simulated allocator ]), and given back when the block is freed. An allocation that
 does not fit in ``capacity`` raises ``torch.OutOfMemoryError`` with PyTorch's wording before the op computes
-anything, as on CUDA. The allocator is the compiled front end's (native/simalloc.cpp, over front.cpp's CPU
-allocator), so a SimulatedDevice needs it built; both front ends run on it.
+anything, as on CUDA. The allocator is the compiled front end's (simalloc.cpp, over front.cpp's CPU allocator),
+so a SimulatedDevice needs it built; both front ends run on it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .device import GRANULE, SMALL, Device, Segment
+from ..eager.device import GRANULE, SMALL, Device, Segment
 
 # NOTE [ Simulated allocator ]
 #
@@ -48,25 +48,11 @@ from .device import GRANULE, SMALL, Device, Segment
 # 6. ``scale`` multiplies every size above but the 512 B rounding (1 MiB, 2 MiB, 10 MiB, 20 MiB), so that
 #    tests on small tensors meet the fragmentation that real programs meet on large ones.
 # 7. What it counts: every block of PyTorch's CPU allocator while entered, an op's scratch memory included (as
-#    CUDA's allocator counts a workspace), but the host tier's copies (``uncounted``: on a GPU they live in host
-#    memory). Blocks allocated before it was entered count only through ``adopt``. One at a time per process.
+#    CUDA's allocator counts a workspace), but the host tier's copies (``host_copies``: on a GPU they live in
+#    host memory). Blocks allocated before it was entered count only through ``adopt``. One at a time per process.
 
 
 _ACTIVE: SimulatedDevice | None = None
-
-
-@contextlib.contextmanager
-def uncounted() -> Iterator[None]:
-    """Blocks this thread allocates inside are not the simulated device's (host copies: rule 7)."""
-    dev = _ACTIVE
-    if dev is None:
-        yield
-        return
-    was = dev.ext.sim_uncounted(True)
-    try:
-        yield
-    finally:
-        dev.ext.sim_uncounted(was)
 
 
 class SimulatedDevice(Device):
@@ -93,7 +79,7 @@ class SimulatedDevice(Device):
     # ------------------------------------------------------------------ entering
     def __enter__(self) -> SimulatedDevice:
         global _ACTIVE
-        from ..native import NativeUnavailable, load  # noqa: PLC0415
+        from . import NativeUnavailable, load  # noqa: PLC0415
 
         if _ACTIVE is not None:
             raise RuntimeError("torch_dtr: a SimulatedDevice is already entered; one at a time (exit it first)")
@@ -176,6 +162,18 @@ class SimulatedDevice(Device):
     def address(self, t: torch.Tensor) -> int | None:
         """The simulated address of ``t``'s storage (None: not counted here)."""
         return self.locate(t.untyped_storage().data_ptr()) or None
+
+    @contextlib.contextmanager
+    def host_copies(self) -> Iterator[None]:
+        """Blocks this thread allocates inside are host memory, not the device's (rule 7)."""
+        if self.ext is None:
+            yield
+            return
+        was = self.ext.sim_uncounted(True)
+        try:
+            yield
+        finally:
+            self.ext.sim_uncounted(was)
 
     def empty_cache(self) -> None:
         """Release every segment that is entirely free (``torch.cuda.empty_cache``)."""
