@@ -52,9 +52,6 @@ from ..eager.device import GRANULE, SMALL, Device, Segment
 #    host memory). Blocks allocated before it was entered count only through ``adopt``. One at a time per process.
 
 
-_ACTIVE: SimulatedDevice | None = None
-
-
 class SimulatedDevice(Device):
     """A CUDA-like caching allocator with a capacity, over the CPU (NOTE [ Simulated allocator ])."""
 
@@ -78,23 +75,20 @@ class SimulatedDevice(Device):
 
     # ------------------------------------------------------------------ entering
     def __enter__(self) -> SimulatedDevice:
-        global _ACTIVE
         from . import NativeUnavailable, load  # noqa: PLC0415
 
-        if _ACTIVE is not None:
-            raise RuntimeError("torch_dtr: a SimulatedDevice is already entered; one at a time (exit it first)")
         try:
             ext = load()
         except NativeUnavailable as e:
             raise RuntimeError(f"torch_dtr: SimulatedDevice counts blocks in the compiled front end's CPU allocator, "
                                f"which could not be built here: {e}") from e
+        # (raises where another one is entered: one at a time)
         ext.sim_start(-1 if self.capacity is None else self.capacity, self._expandable, *self._sizes)
         ext.cpu_blocks_sim(True)
-        self.ext, _ACTIVE = ext, self
+        self.ext = ext
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _ACTIVE
         ext = self.ext
         if ext is None:
             return
@@ -102,7 +96,7 @@ class SimulatedDevice(Device):
         self._expandable = ext.sim_expandable()
         ext.sim_stop()
         ext.cpu_blocks_sim(False)
-        self.ext, _ACTIVE = None, None
+        self.ext = None
 
     def _stats(self) -> tuple[int, int, int, int, int]:
         return tuple(self.ext.sim_stats()) if self.ext is not None else self._last  # type: ignore[return-value]
@@ -158,10 +152,6 @@ class SimulatedDevice(Device):
 
     def locate(self, ptr: int) -> int:
         return int(self.ext.sim_locate(ptr)) if self.ext is not None and ptr else 0
-
-    def address(self, t: torch.Tensor) -> int | None:
-        """The simulated address of ``t``'s storage (None: not counted here)."""
-        return self.locate(t.untyped_storage().data_ptr()) or None
 
     @contextlib.contextmanager
     def host_copies(self) -> Iterator[None]:
