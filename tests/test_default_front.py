@@ -198,18 +198,6 @@ def test_listen_unwrap_reset_peak_and_runtime_act_on_the_compiled_session():
         assert torch_dtr.stats().peak_bytes == torch_dtr.stats().resident_bytes
 
 
-@needs_native
-def test_tenants_ask_for_the_python_front_end_under_the_compiled_one():
-    with torch_dtr.enable(budget="1GiB"):
-        with pytest.raises(RuntimeError, match="front='python'"), torch_dtr.tenant("a"):
-            pass
-        with pytest.raises(KeyError, match="no tenant"):
-            torch_dtr.stats("a")
-    with torch_dtr.enable(budget="1GiB", front="python"), torch_dtr.tenant("a"):
-        assert torch_dtr.front() == "python"
-        assert torch_dtr.stats("a").budget_bytes is not None
-
-
 def test_the_simulated_allocator_runs_on_the_default_and_python_options_choose_the_python_front_end():
     with torch_dtr.SimulatedDevice("64MiB") as dev:
         with torch_dtr.enable(budget="32MiB", device=dev) as s:

@@ -11,8 +11,7 @@
 #    compiler or ninja: said once, with what to install) and where the call asks for what only the Python front
 #    end has: one of its tuning options (``_PYTHON_ONLY``). ``"native"`` with such a request is an error naming
 #    it. Both run on the simulated allocator (``device=SimulatedDevice(...)``, which is the compiled front end's).
-# 3. Tenants (``tenant()``) run on the Python front end only: under the compiled one ``tenant()`` raises and says
-#    to enable with ``front="python"``.
+# 3. Tenants (``tenant()``, NOTE [ Tenants ]) run on both front ends, with the same rules (eager/tenants.py).
 # 4. Every other function here (``stats``, ``budget``, ``attach``, ``unwrap``, ``listen``, ``reset_peak``,
 #    ``runtime``) acts on the running session, whichever front end runs it (after ``disable()``: on the last one,
 #    for ``stats``, ``reset_peak`` and ``runtime``).
@@ -212,7 +211,7 @@ def budget(budget: int | str | None, **options: Any) -> Iterator[None]:
         return
     if options:
         raise ValueError(f"torch_dtr: options {sorted(options)} can only be set by the outermost scope")
-    old = h.rt.budget
+    old = h.total
     try:
         native.set_budget(budget)
     except BaseException:
@@ -228,11 +227,12 @@ def budget(budget: int | str | None, **options: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def tenant(name: str, share: float | None = None) -> Iterator[None]:
     """Run this thread's ops as tenant ``name`` of the running session: counted against, and evicted for, its own
-    share of the session's budget (NOTE [ Tenants ]); ``share``: its weight (1 when first used). The Python front
-    end only (NOTE [ Choosing the front end ] 3)."""
+    share of the session's budget (NOTE [ Tenants ]); ``share``: its weight (1 when first used); giving another one
+    moves budget between tenants at once. ``stats(name)`` gives its counters."""
     if _handle() is not None:
-        raise RuntimeError("torch_dtr: tenants run on the Python front end only for now; enable the session with "
-                           "torch_dtr.enable(budget=..., front='python') to use tenant()")
+        with native.tenant(name, share):
+            yield
+        return
     with eager.tenant(name, share):
         yield
 
@@ -259,17 +259,20 @@ def attach() -> Iterator[None]:
 
 def stats(tenant: str | None = None) -> Stats:
     """Counters of the running session (or of the last one, after ``disable()``); ``tenant``: of that tenant of the
-    session (the Python front end's tenants)."""
+    session."""
     h = _handle(running=False)
     if h is None:
         return eager.stats(tenant)
+    main = h
     if tenant:
-        raise KeyError(f"torch_dtr: no tenant {tenant!r}: the session runs the compiled front end, which has none")
+        if tenant not in h.tenants:
+            raise KeyError(f"torch_dtr: no tenant {tenant!r} in the session (tenants: {sorted(h.tenants)})")
+        h = h.tenants[tenant]
     with native._core_locked(h.ext):
         h.flush()
         h.sweep()
         st = h.rt.stats()
-    if not h.active and _LAST is not None and _LAST.handle is h:
+    if not h.active and _LAST is not None and _LAST.handle is main and h is main:
         st = dataclasses.replace(st, budget_bytes=_LAST.budget)
     return st
 

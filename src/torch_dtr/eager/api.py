@@ -199,7 +199,9 @@ def budget(budget: int | str | None, **options: object) -> Iterator[None]:
         yield
     finally:
         f.total = old
-        if f.tenants:
+        if f.closed:  # disable() ran inside the scope: nothing to restore
+            pass
+        elif f.tenants:
             _tenants.rebalance(f)
         else:
             with f.lock:

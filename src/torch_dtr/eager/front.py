@@ -766,6 +766,11 @@ class Front:
                 self.rt.pin(cell.storage)
         return v
 
+    def set_budget(self, nbytes: int | None) -> None:
+        """This front end's own budget (a tenant's share: NOTE [ Tenants ] 2); evicts to fit it now."""
+        with self.lock:
+            self.rt.set_budget(nbytes)
+
     def spawn(self) -> Front:
         """A front end with this one's options, for a tenant (NOTE [ Tenants ]); its host tier shares this
         one's host budget (NOTE [ Host copies ] 8)."""
@@ -828,7 +833,14 @@ class _Mode(TorchDispatchMode):
             fi = info(func)
             if fi.fresh and not fi.mutated and fi.replayable and not fi.nested and _has_tensor(args, kwargs):
                 return front.run(func, args, kwargs)
-        if front.consts.readers:  # NOTE [ Changed constants ] 2: a write to a constant recipes read
+        root = front.session or front
+        if root.tenants:  # NOTE [ Tenants ]: a tenant's parameters may be updated outside its scope
+            fi = info(func)
+            if fi.mutated:
+                for f in (root, *root.tenants.values()):
+                    if f.consts.readers:
+                        f.plain_write(fi, args, kwargs)
+        elif front.consts.readers:  # NOTE [ Changed constants ] 2: a write to a constant recipes read
             fi = info(func)
             if fi.mutated:
                 front.plain_write(fi, args, kwargs)

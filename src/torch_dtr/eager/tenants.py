@@ -1,4 +1,6 @@
-"""Tenants: several models trained or served side by side in one session, each under its share of the budget."""
+"""Tenants: several models trained or served side by side in one session, each under its share of the budget.
+``tenant_of`` and ``rebalance`` serve both front ends: a session (the Python front end's ``Front``, the compiled one's
+``Session``) has ``dev``, ``total``, ``tenants``, ``shares``, ``spawn()``, and ``set_budget(n)``, which evicts to fit."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from .front import Front
 
 # NOTE [ Tenants ]
 #
-# 1. ``with torch_dtr.tenant(name, share):`` runs this thread's managed ops on the tenant's own front end
-#    (its runtime, constants, lock): what they compute is counted against, and evicted for, the tenant's
-#    budget only. Ops outside any tenant scope belong to the session itself, the tenant "" of share 1.
+# 1. ``with torch_dtr.tenant(name, share):`` runs this thread's managed ops on the tenant's own session (its
+#    runtime, constants; the Python front end's own lock): what they compute is counted against, and evicted for,
+#    the tenant's budget only. Ops outside any tenant scope belong to the session itself, the tenant "" of share 1.
+#    The compiled front end keeps each tenant's state in the kernel by session number (front.cpp, ``Py``) and the
+#    thread's tenant in a thread-local (``use``); a write to a constant is told to every tenant whose recipes read it.
 # 2. Budgets: the session's budget (``enable``'s, or a ``budget()`` scope's) is the total; each tenant gets
 #    total x share / sum of shares. A new tenant, ``set_share`` and a ``budget()`` scope rebalance at once,
 #    lowering the budgets that shrink first (each tenant evicts to fit), then raising the others, so the
@@ -57,20 +61,18 @@ def tenant_of(session: Front, name: str, share: float | None) -> Front:
     return t
 
 
-def rebalance(session: Front) -> None:
+def rebalance(session: Any) -> None:
     """Give every tenant its share of ``session.total`` (NOTE [ Tenants ] 2)."""
     fronts = {"": session, **session.tenants}
     total = session.total
     if total is None:
         for f in fronts.values():
-            with f.lock:
-                f.rt.set_budget(None)
+            f.set_budget(None)
         return
     whole = sum(session.shares.values())
     new = {n: int(total * session.shares[n] / whole) for n in fronts}
     for n in sorted(fronts, key=lambda n: new[n] - (fronts[n].rt.budget or 0)):  # shrinking ones first
-        with fronts[n].lock:
-            fronts[n].rt.set_budget(new[n])
+        fronts[n].set_budget(new[n])
 
 
 def switch(front: Front) -> Any:

@@ -34,7 +34,8 @@ the Python core.
 #    tensor's ``.data`` (NOTE [ Native exports ] 4: a module converted with ``.double()`` while enabled).
 #    In-place writes keep versions as NOTE [ In-place mutation ] says. ``disable()`` takes the session's
 #    plain-gradient hooks off again; an earlier session is let go once no handle made under it lives.
-# 5. What this front end does not do, where eager/front.py does: tenants. Threads other
+# 5. Tenants (NOTE [ Tenants ]): each is a session of its own (its core, constants, budget), numbered in the kernel
+#    as earlier sessions are; a thread's tenant is a thread-local there (``use``). Threads other
 #    than the enabling one run plain unless they read managed tensors or join (``torch_dtr.attach()``, which sets
 #    the thread's dispatch bit). torch.compile regions and torch.func transforms are not managed, said once per
 #    session (NOTE [ Unmanaged regions ]). Sizes: meta kernels, then eager/sizes.py's rules (a rule that reads
@@ -244,8 +245,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         device.prepare()  # NOTE [ Device memory ] 8 (before the thread's ops reach the kernel)
     if _SESSION is not None:
         ext.forget()
-    tier = NativeTier(ext, cuda, host, None if gbps is None else gbps * 1e9) if swap else None
-    s = Session(ext, nbytes, policy, banish_depth, tier, device)
+    make_tier = functools.partial(NativeTier, ext, cuda, host, None if gbps is None else gbps * 1e9) if swap else None
+    s = Session(ext, nbytes, policy, banish_depth, None if make_tier is None else make_tier(), device, make_tier)
     s.active = True
     _SESSION = s
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -258,7 +259,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
                register_optimizer_step_post_hook(lambda *_: s.stepped()))
     s.unwrap_fsdp = fsdp.wrap(lambda: s if s.active else None)  # NOTE [ Resharded parameters ]
     s.unwatch = watch(s)  # NOTE [ Unmanaged regions ]
-    ext.start(s, -1 if nbytes is None else nbytes)
+    s.epoch = ext.start(s, -1 if nbytes is None else nbytes)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8
@@ -285,8 +286,7 @@ def _disable(s: Any) -> None:
     from ..eager.api import thaw_gc
     from .exports import guard_constants, guard_storage
 
-    s.flush()  # what the kernel queued (front.cpp, rule 7)
-    s.active = False
+    s.stop()  # what the kernel queued (front.cpp, rule 7) told; the session and its tenants stopped, budgets lifted
     s.ext.attach(False)
     guard_storage(s.ext, False)
     guard_constants(s.ext, False)
@@ -294,15 +294,12 @@ def _disable(s: Any) -> None:
     s.ext.set_count_plain(0)
     s.ext.set_lend(True)
     s.ext.cpu_blocks(False)
-    s.ext.stop()
     thaw_gc(s.froze)
     for h in s.hooks:
         h.remove()
     s.unwrap_fsdp()
     s.unwatch()
-    s.unhook()
     s.ext.set_stepping(0)
-    s.rt.set_budget(None)
 
 
 def current() -> Any:
@@ -324,18 +321,47 @@ def stats() -> dict[str, Any]:
 
 
 def set_budget(budget: int | str | None) -> None:
-    """Change the budget of the running session (evicting now if it shrank)."""
+    """Change the budget of the running session (evicting now if it shrank): with tenants, the total they share
+    (NOTE [ Tenants ] 2). Where it cannot be kept, ``BudgetError``, and the budgets stay as they were."""
+    from ..eager.tenants import rebalance
+
     s = _SESSION
     if s is None or not s.active:
         raise RuntimeError("torch_dtr.native: not enabled")
     nbytes = parse_budget(budget)
     with _core_locked(s.ext):
-        s.flush()
         s.ext.cpu_blocks_empty()  # the blocks kept for reuse are bounded by the peak in use: it starts again (rule 7)
-        s.rt.set_budget(nbytes)
-        s.ext.set_budget(-1 if nbytes is None else nbytes)
-        if nbytes is not None:
-            s.rt.reserve(0, "set_budget")
+        old, s.total = s.total, nbytes
+        try:
+            if s.tenants:
+                rebalance(s)
+            else:
+                s.set_budget(nbytes)
+        except BaseException:
+            s.total = old
+            raise
+
+
+@contextlib.contextmanager
+def tenant(name: str, share: float | None = None) -> Iterator[Any]:
+    """Run this thread's ops as tenant ``name`` of the running session (NOTE [ Tenants ]); yields its session."""
+    from ..eager.tenants import tenant_of
+
+    s = _SESSION
+    if s is None or not s.active:
+        raise RuntimeError("torch_dtr: tenant() needs an enabled session; call torch_dtr.enable(budget=...) first")
+    if not isinstance(name, str):
+        raise TypeError(f"torch_dtr: a tenant's name is a str, got {name!r}")
+    if not s.ext.attached():
+        raise RuntimeError("torch_dtr: tenant() must run where the session manages the thread's ops (the thread that "
+                           "called enable(), or inside `with torch_dtr.attach():`)")
+    with _core_locked(s.ext):
+        t = tenant_of(s, name, share)
+    was = s.ext.use(t.epoch if t is not s else -1)
+    try:
+        yield t
+    finally:
+        s.ext.use(was)
 
 
 def empty_cache() -> int:

@@ -153,21 +153,84 @@ std::atomic<bool> g_dead_any{false};  // g_dead is not empty (read per op withou
 // recomputations are its core's business; then let go, once another session has started), and its live buffers
 std::vector<py::object>* g_sessions = new std::vector<py::object>();
 std::vector<int64_t>* g_buffers = new std::vector<int64_t>();  // (under g_mutex and the GIL)
-int64_t g_epoch = -1;  // the current session's number
 bool g_lend = true;     // slots lend their StorageImpl to the handles (rule 6; off: the slot always holds it)
 
-struct Py {  // the session's callbacks (never destroyed: no GIL at exit)
-  py::object session, before, ran, cost, written, see;
+// ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
+// The recipes alive that read one constant: each holds a reference (Input::reader), the constant's entry one more.
+// A write to a constant that no live recipe reads is not told to the core (NOTE [ Native front end ] 12).
+struct Readers : c10::intrusive_ptr_target {};
+
+struct Seen {  // a constant storage, counted while a tensor seen on it lives (as eager/constants.py counts)
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t nbytes;
+  bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
+  // a leaf on it that requires grad was handed to the session's `see`, which makes its gradients come back plain
+  // (a constant read before `requires_grad_()` is handed over again then: its managed gradient's lineage read
+  // it, so the leaf kept its own gradient alive through a recipe, out of the garbage collector's sight)
+  bool hooked = false;
+  c10::intrusive_ptr<Readers> readers;  // (null until a recipe reads it)
+  // whether a recipe alive reads it (those that died have let go of `readers`; their ops' recipes are gone)
+  bool read_live() const { return readers && readers.use_count() > 1; }
+  c10::intrusive_ptr<Readers> reader() {
+    if (!readers) readers = c10::make_intrusive<Readers>();
+    return readers;
+  }
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> tensors;  // the tensors seen on it
+  bool alive() {
+    if (storage.expired()) return false;
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](auto& w) { return w.expired(); }),
+                  tensors.end());
+    return !tensors.empty();
+  }
+  void saw(const at::Tensor& t) {
+    for (auto& w : tensors)
+      if (w._unsafe_get_target() == t.unsafeGetTensorImpl() && !w.expired()) return;
+    tensors.emplace_back(t.getIntrusivePtr());
+  }
+};
+
+// ------------------------------------------------------------------ sessions and tenants
+// One session's state in the kernel (NOTE [ Native front end ] 5): the enabling session's, or a tenant's (NOTE [ Tenants ]: each tenant
+// is a session of its own, with its core, constants and budget). A thread runs its managed ops on its tenant's
+// (`t_py`, set by `use`) or else on the running session's (`g_main`). Never destroyed (no GIL at exit; a thread may
+// still point at one): a session let go is cleared instead.
+struct Py {
+  py::object session, before, ran, cost, written;  // its callbacks
   py::list views;  // ops that made no memory, not yet told to the core (rule 7)
   bool active = false, closed = false;
   bool retry = false;  // a device allocator is followed: an op that runs out of its memory evicts and runs again
   int64_t budget = -1;
+  int64_t epoch = -1;  // its number (g_sessions)
+  // bytes free under the budget as the core counted them after its last call (-1: not known). An op whose
+  // predicted bytes fit skips `before`: the core's reserve would not evict, and its inputs are resident
+  int64_t room = -1;
+  std::unordered_map<const c10::StorageImpl*, Seen> seen;  // the constants its ops read
+  // Constants are swept whole ahead of every call to `before` (so every decision under a budget counts them as
+  // eager/front.py would) and otherwise every (number of constants / 8) managed ops: a sweep reads memory that the
+  // op evicted from the cache, 148 constants (a 12-layer GPT-2) cost 0.9 us per op when swept at every op. A death
+  // is then told up to that many ops late; until then the core counts its bytes (less room, never more).
+  size_t sweep_in = 0;
+  std::vector<std::pair<intptr_t, int64_t>> gone;  // dead constants found by their address's reuse, not yet told
+  void clear() {  // (with the GIL)
+    active = closed = false;
+    session = before = ran = cost = written = py::none();
+    views = py::list();
+    seen.clear();
+    gone.clear();
+    sweep_in = 0;
+    budget = room = -1;
+  }
 };
-Py* g_py = new Py();
+Py* g_main = new Py();  // the running (or last) session's
+thread_local Py* t_py = nullptr;  // this thread's tenant (inside `with torch_dtr.tenant(...)`), or none
+std::vector<Py*>* g_ctx = new std::vector<Py*>();  // every session's, by number
+std::vector<Py*>* g_family = new std::vector<Py*>();  // the running (or last) session's and its tenants'
+std::atomic<bool> g_tenants{false};  // the running session has tenants (the plain path looks at all their constants)
+inline Py& cur() {
+  Py* p = t_py;
+  return p ? *p : *g_main;
+}
 py::list* g_empty = nullptr;  // one shared empty list, for arguments that stay empty (no callee changes it)
-// bytes free under the budget as the core counted them after its last call (-1: not known). An op whose
-// predicted bytes fit skips `before`: the core's reserve would not evict, and its inputs are resident
-int64_t g_room = -1;
 // under a budget with a device (NOTE [ Device memory ] 2): plain ops' fresh outputs on it count as outside bytes
 // until the core's next query; their bytes since the last call into the core (any thread adds, the GIL's holder
 // takes). The device: 0 none, 1 CUDA (its allocator's 512-byte blocks), 2 the CPU (this front end's `Blocks`), 3
@@ -183,10 +246,10 @@ int64_t g_ops = 0, g_plain = 0, g_calls = 0, g_replays = 0, g_rng = 0, g_misses 
 int64_t g_writes_told = 0, g_writes_untold = 0;
 
 // the queued ops that made no memory, for the next call into the core (rule 7); None when there are none
-py::object take_views() {
-  if (g_py->views.empty()) return py::none();
-  py::list out = g_py->views;
-  g_py->views = py::list();
+py::object take_views(Py& p) {
+  if (p.views.empty()) return py::none();
+  py::list out = p.views;
+  p.views = py::list();
   return std::move(out);
 }
 
@@ -255,7 +318,7 @@ struct Buffer : c10::intrusive_ptr_target {  // the handles of one storage (rule
   SlotPtr slot;
   PyObject* storage;  // the core's Storage (a strong reference)
   int64_t epoch;      // the session whose core keeps it
-  Buffer(SlotPtr s, PyObject* st) : slot(std::move(s)), storage(st), epoch(g_epoch) { ++(*g_buffers)[epoch]; }
+  Buffer(SlotPtr s, PyObject* st, int64_t e) : slot(std::move(s)), storage(st), epoch(e) { ++(*g_buffers)[epoch]; }
   ~Buffer() override {
     slot->reclaim();  // (when a handle still holds the StorageImpl; the last holder among them did already)
     std::lock_guard<pool::Spin> lock(g_dead_mutex);
@@ -916,46 +979,6 @@ void fell_short(const Facts& f, const Key* key, int64_t predicted, int64_t made)
 }
 
 // ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
-// The recipes alive that read one constant: each holds a reference (Input::reader), the constant's entry one more.
-// A write to a constant that no live recipe reads is not told to the core (NOTE [ Native front end ] 12).
-struct Readers : c10::intrusive_ptr_target {};
-
-struct Seen {  // a constant storage, counted while a tensor seen on it lives (as eager/constants.py counts)
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  int64_t nbytes;
-  bool read = false;  // a recipe reads it: a write to it invalidates those recipes (Python keeps which)
-  // a leaf on it that requires grad was handed to the session's `see`, which makes its gradients come back plain
-  // (a constant read before `requires_grad_()` is handed over again then: its managed gradient's lineage read
-  // it, so the leaf kept its own gradient alive through a recipe, out of the garbage collector's sight)
-  bool hooked = false;
-  c10::intrusive_ptr<Readers> readers;  // (null until a recipe reads it)
-  // whether a recipe alive reads it (those that died have let go of `readers`; their ops' recipes are gone)
-  bool read_live() const { return readers && readers.use_count() > 1; }
-  c10::intrusive_ptr<Readers> reader() {
-    if (!readers) readers = c10::make_intrusive<Readers>();
-    return readers;
-  }
-  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> tensors;  // the tensors seen on it
-  bool alive() {
-    if (storage.expired()) return false;
-    tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [](auto& w) { return w.expired(); }),
-                  tensors.end());
-    return !tensors.empty();
-  }
-  void saw(const at::Tensor& t) {
-    for (auto& w : tensors)
-      if (w._unsafe_get_target() == t.unsafeGetTensorImpl() && !w.expired()) return;
-    tensors.emplace_back(t.getIntrusivePtr());
-  }
-};
-std::unordered_map<const c10::StorageImpl*, Seen> g_seen;
-// Constants are swept whole ahead of every call to `before` (so every decision under a budget counts them as
-// eager/front.py would) and otherwise every (number of constants / 8) managed ops: a sweep reads memory that the
-// op evicted from the cache, 148 constants (a 12-layer GPT-2) cost 0.9 us per op when swept at every op. A death
-// is then told up to that many ops late; until then the core counts its bytes (less room, never more).
-size_t g_sweep_in = 0;
-std::vector<std::pair<intptr_t, int64_t>> g_gone;  // dead constants found by their address's reuse, not yet told
-
 // ------------------------------------------------------------------ recipes
 struct Input {  // a recipe's tensor argument: a managed storage and the view of it that was read, or a plain tensor
   SlotPtr slot;
@@ -1107,14 +1130,14 @@ struct Recipe {
         try {
           op.redispatchBoxed(keys, &stack);
         } catch (const c10::OutOfMemoryError& e) {
-          if (!g_py->retry) throw;
+          if (!cur().retry) throw;
           oom = std::current_exception();
           what = e.what_without_backtrace();
         }
       }
       if (!oom) break;
       // (the core locked this recipe's inputs while it recomputes)
-      if (!g_py->session.attr("oom")(what, 0, py::list()).cast<bool>()) std::rethrow_exception(oom);
+      if (!cur().session.attr("oom")(what, 0, py::list()).cast<bool>()) std::rethrow_exception(oom);
     }
     ++g_replays;
     py::list values;
@@ -1244,7 +1267,9 @@ struct Lock {
   }
 };
 
-py::list take_dead() {  // the current session's; an earlier session's go to it at once
+// Handles whose last tensor died: those of session `p` come back; another session's (an earlier one, another
+// tenant) go to it at once. A session that is not running is let go with its last handle.
+py::list take_dead(Py& p) {
   std::vector<std::pair<int64_t, PyObject*>> dead;
   {
     std::lock_guard<pool::Spin> lock(g_dead_mutex);
@@ -1255,12 +1280,16 @@ py::list take_dead() {  // the current session's; an earlier session's go to it 
   for (auto& [e, o] : dead) {
     auto st = py::reinterpret_steal<py::object>(o);
     const bool last = --(*g_buffers)[e] == 0;
-    if (e == g_epoch) {
+    if (e == p.epoch) {
       out.append(st);
       continue;
     }
     (*g_sessions)[e].attr("dropped")(py::make_tuple(st));
-    if (last) (*g_sessions)[e] = py::none();  // its last handle died: nothing refers to that session any more
+    Py* q = (*g_ctx)[e];
+    if (last && !q->active && q != g_main) {  // its last handle died: nothing refers to that session any more
+      (*g_sessions)[e] = py::none();
+      q->clear();
+    }
   }
   return out;
 }
@@ -1298,26 +1327,31 @@ int64_t live_buffers() {
   return n - static_cast<int64_t>(g_dead.size());
 }
 
-py::list take_dead_locked() {  // for the session's own entries (flush): the deaths since the kernel's last call
+Py& ctx(int64_t epoch) {
+  TORCH_CHECK(epoch >= 0 && epoch < static_cast<int64_t>(g_ctx->size()), "torch_dtr native: no session ", epoch);
+  return *(*g_ctx)[epoch];
+}
+
+py::list take_dead_locked(int64_t epoch) {  // for a session's own entries (flush): the deaths since the last call
   Lock lock;
-  return take_dead();
+  return take_dead(ctx(epoch));
 }
 
 bool dead_pending() { return g_dead_any.load(std::memory_order_acquire); }
 
-py::list swept_constants() {  // constants whose last tensor died since the last sweep: their bytes
-  if (g_gone.empty()) {  // (most sweeps find none: no list made)
+py::list swept_constants(Py& p) {  // session p's constants whose last tensor died since the last sweep: their bytes
+  if (p.gone.empty()) {  // (most sweeps find none: no list made)
     bool any = false;
-    for (auto& kv : g_seen) any |= !kv.second.alive();
+    for (auto& kv : p.seen) any |= !kv.second.alive();
     if (!any) return py::reinterpret_borrow<py::list>(*g_empty);
   }
   py::list gone;
-  for (auto& g : g_gone) gone.append(py::make_tuple(g.first, g.second));
-  g_gone.clear();
-  for (auto it = g_seen.begin(); it != g_seen.end();) {
+  for (auto& g : p.gone) gone.append(py::make_tuple(g.first, g.second));
+  p.gone.clear();
+  for (auto it = p.seen.begin(); it != p.seen.end();) {
     if (!it->second.alive()) {
       gone.append(py::make_tuple(reinterpret_cast<intptr_t>(it->first), it->second.nbytes));
-      it = g_seen.erase(it);
+      it = p.seen.erase(it);
     } else {
       ++it;
     }
@@ -1374,7 +1408,7 @@ void run_retrying(const c10::OperatorHandle& op, DispatchKeySet below, torch::ji
       run_managed_op(op, below, stack, release);
       return;
     } catch (const c10::OutOfMemoryError& e) {
-      if (!g_py->session.attr("oom")(std::string(e.what_without_backtrace()), need, ins).cast<bool>()) throw;
+      if (!cur().session.attr("oom")(std::string(e.what_without_backtrace()), need, ins).cast<bool>()) throw;
     }
     stack->resize(start);
     stack->insert(stack->end(), args.begin(), args.end());
@@ -1406,7 +1440,8 @@ void run_plain_retrying(const c10::OperatorHandle& op, DispatchKeySet below, tor
     {
       py::gil_scoped_acquire gil;
       Lock lock;
-      if (!g_py->active || !g_py->session.attr("oom")(what, 0, py::list()).cast<bool>())
+      Py& p = cur();
+      if (!p.active || !p.session.attr("oom")(what, 0, py::list()).cast<bool>())
         std::rethrow_exception(oom);
     }
     stack->resize(start);
@@ -1416,14 +1451,15 @@ void run_plain_retrying(const c10::OperatorHandle& op, DispatchKeySet below, tor
 
 // A write to constants that live recipes read (`hit`), told to the core (NOTE [ Native front end ] 12). Handle
 // deaths not yet told may end those recipes: where some are pending, they are told first (as the core's `written`
-// would take them) and the constants looked at again. Called with the GIL and the kernel's lock held.
-void tell_written(c10::SmallVector<const c10::StorageImpl*, 4>& hit, const py::object& name) {
+// would take them) and the constants looked at again. `p`: the session whose recipes read them. Called with the GIL
+// and the kernel's lock held.
+void tell_written(Py& p, c10::SmallVector<const c10::StorageImpl*, 4>& hit, const py::object& name) {
   if (dead_pending()) {
-    g_py->session.attr("flush")();
+    p.session.attr("flush")();
     size_t n = 0;
     for (auto* si : hit) {
-      auto it = g_seen.find(si);
-      if (it != g_seen.end() && it->second.read_live()) hit[n++] = si;
+      auto it = p.seen.find(si);
+      if (it != p.seen.end() && it->second.read_live()) hit[n++] = si;
       else ++g_writes_untold;
     }
     hit.resize(n);
@@ -1432,52 +1468,68 @@ void tell_written(c10::SmallVector<const c10::StorageImpl*, 4>& hit, const py::o
   py::list keys;
   for (auto* si : hit) keys.append(reinterpret_cast<intptr_t>(si));
   ++g_writes_told;
-  g_py->written(keys, name);
+  p.written(keys, name);
+}
+
+// the constants among `hit` that session p's live recipes read, each marked unread (a write is about to change them)
+void reading(Py& p, const c10::StorageImpl* si, c10::SmallVector<const c10::StorageImpl*, 4>& hit) {
+  auto it = p.seen.find(si);
+  if (it != p.seen.end() && it->second.read) {
+    it->second.read = false;
+    if (it->second.read_live()) hit.push_back(si);
+    else ++g_writes_untold;
+  }
 }
 
 // Called with the kernel's lock held and without the GIL, which it takes only to tell the core of a write that live
 // recipes read (an optimizer's update of a parameter read by a value the program still holds).
+// Every running session's recipes are looked at (a tenant's parameters may be updated outside its scope).
 void plain_writes(const c10::OperatorHandle& op, const Facts& f, torch::jit::Stack* stack, size_t start) {
-  c10::SmallVector<const c10::StorageImpl*, 4> hit;
-  for (size_t i = 0; i < f.written.size(); ++i) {
-    if (!f.written[i]) continue;
-    each_tensor((*stack)[start + i], [&](const at::Tensor& t) {
-      if (!t.has_storage()) return;
-      auto it = g_seen.find(t.storage().unsafeGetStorageImpl());
-      if (it != g_seen.end() && it->second.read) {
-        it->second.read = false;
-        if (it->second.read_live()) hit.push_back(it->first);
-        else ++g_writes_untold;
-      }
-    });
+  for (Py* p : *g_family) {
+    if (!p->active || p->seen.empty()) continue;
+    c10::SmallVector<const c10::StorageImpl*, 4> hit;
+    for (size_t i = 0; i < f.written.size(); ++i) {
+      if (!f.written[i]) continue;
+      each_tensor((*stack)[start + i], [&](const at::Tensor& t) {
+        if (t.has_storage()) reading(*p, t.storage().unsafeGetStorageImpl(), hit);
+      });
+    }
+    if (hit.empty()) continue;
+    py::gil_scoped_acquire gil;
+    tell_written(*p, hit, f.name);
   }
-  if (hit.empty()) return;
-  py::gil_scoped_acquire gil;
-  tell_written(hit, f.name);
 }
 
 // A handle made under an earlier session is a constant here: its value (brought back by that session's core
 // and pinned there), as eager/front.py treats a tensor of an earlier enable().
-at::Tensor settle(const at::Tensor& t) {
+// So is one of another tenant (NOTE [ Tenants ] 3), pinned in its own.
+at::Tensor settle(const at::Tensor& t, int64_t epoch) {
   Handle* h = handle_of(t);
-  if (!h || h->buffer->epoch == g_epoch) return t;
+  if (!h || h->buffer->epoch == epoch) return t;
   return (*g_sessions)[h->buffer->epoch].attr("unwrap")(t).cast<at::Tensor>();
 }
 
-void settle_all(torch::jit::Stack* stack, size_t start) {
+// `settled`: the handles replaced (the constant counts while one of them lives, not only its plain tensor of the op)
+using Settled = c10::SmallVector<at::Tensor, 2>;
+void settle_all(torch::jit::Stack* stack, size_t start, int64_t epoch, Settled& settled) {
+  auto settle = [&](const at::Tensor& t, int64_t e) {
+    at::Tensor r = ::settle(t, e);
+    if (!r.is_same(t)) settled.push_back(t);
+    return r;
+  };
   for (size_t i = start; i < stack->size(); ++i) {
     IValue& v = (*stack)[i];
     if (v.isTensor()) {
-      if (handle_of(v.toTensor())) v = settle(v.toTensor());
+      if (handle_of(v.toTensor())) v = settle(v.toTensor(), epoch);
     } else if (v.isTensorList()) {
       bool old = false;
       for (const at::Tensor& t : v.toTensorList()) {
         Handle* h = handle_of(t);
-        old |= h && h->buffer->epoch != g_epoch;
+        old |= h && h->buffer->epoch != epoch;
       }
       if (old) {
         c10::List<at::Tensor> l;
-        for (const at::Tensor& t : v.toTensorList()) l.push_back(settle(t));
+        for (const at::Tensor& t : v.toTensorList()) l.push_back(settle(t, epoch));
         v = l;
       }
     }
@@ -1509,7 +1561,9 @@ py::object vcall(const py::object& fn, std::initializer_list<PyObject*> args) {
 void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below, torch::jit::Stack* stack,
              size_t start) {
   const size_t nin = f.written.size();
-  if (g_epoch >= 1) settle_all(stack, start);
+  Py& P = cur();
+  Settled settled;
+  if (g_sessions->size() > 1) settle_all(stack, start, P.epoch, settled);
   auto rec = std::make_unique<Recipe>(op);
   rec->keys = below;
   rec->args.reserve(nin);
@@ -1544,19 +1598,21 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
         const auto n = static_cast<int64_t>(si->nbytes());
         if (n) {
-          auto it = g_seen.find(si);
-          if (it != g_seen.end() && it->second.storage.expired()) {  // the address of a dead one, reused
-            g_gone.emplace_back(reinterpret_cast<intptr_t>(si), it->second.nbytes);
-            g_seen.erase(it);
-            it = g_seen.end();
+          auto it = P.seen.find(si);
+          if (it != P.seen.end() && it->second.storage.expired()) {  // the address of a dead one, reused
+            P.gone.emplace_back(reinterpret_cast<intptr_t>(si), it->second.nbytes);
+            P.seen.erase(it);
+            it = P.seen.end();
           }
-          const bool fresh = it == g_seen.end();
+          const bool fresh = it == P.seen.end();
           if (fresh) {
             fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
-            it = g_seen.emplace(si, Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(
+            it = P.seen.emplace(si, Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(
                                              c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si)), n}).first;
           }
           it->second.saw(t);
+          for (const at::Tensor& o : settled)
+            if (o.storage().unsafeGetStorageImpl() == si) it->second.saw(o);
           if (!it->second.hooked && t.requires_grad() && t.is_leaf()) {
             it->second.hooked = true;
             if (!fresh) fresh_consts.append(py::make_tuple(t, reinterpret_cast<intptr_t>(si), n));
@@ -1566,14 +1622,22 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
             it->second.read = false;
             if (it->second.read_live()) {
               c10::SmallVector<const c10::StorageImpl*, 4> hit{si};
-              tell_written(hit, f.name);
-              it = g_seen.find(si);  // (the core ran: found again)
+              tell_written(P, hit, f.name);
+              it = P.seen.find(si);  // (the core ran: found again)
             } else {
               ++g_writes_untold;
             }
           }
+          if (f.written[i] && g_tenants.load(std::memory_order_relaxed))  // another tenant's recipes may read it
+            for (Py* q : *g_family) {
+              if (q == &P || !q->active) continue;
+              c10::SmallVector<const c10::StorageImpl*, 4> hit;
+              reading(*q, si, hit);
+              if (!hit.empty()) tell_written(*q, hit, f.name);
+            }
+          if (f.written[i]) it = P.seen.find(si);  // (a core ran: found again)
           // (after the write: the op is not its own reader)
-          if (it != g_seen.end()) rec->inputs.back().reader = it->second.reader();
+          if (it != P.seen.end()) rec->inputs.back().reader = it->second.reader();
         }
       }
       return;
@@ -1641,34 +1705,34 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   bool cacheable = true;
   for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
   int64_t need = 0;
-  if (g_py->budget >= 0 && !g_py->closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr, evicted);
+  if (P.budget >= 0 && !P.closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr, evicted);
   const int64_t predicted = need;
-  if (need > 0 && g_py->retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
+  if (need > 0 && P.retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
     bool cuda = false;
     for (const auto& in : rec->inputs) cuda |= (in.slot ? in.opts.device() : in.plain.device()).is_cuda();
     if (cuda) need += 512 * static_cast<int64_t>(f.returns.size());
   }
   const bool dead = dead_pending();
   // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
-  const bool call = evicted || (g_py->budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > g_room) ||
-                    fresh_consts.size() || writes.size() || g_py->closed;
+  const bool call = evicted || (P.budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > P.room) ||
+                    fresh_consts.size() || writes.size() || P.closed;
   // constants whose last tensor died (eager/front.py learns of each death from a weak reference's callback before
-  // its next op; here at the latest before the next call to `before`: see g_sweep_in)
-  if (!g_seen.empty() || !g_gone.empty()) {
-    if (call || !g_sweep_in || !g_gone.empty()) {
-      py::list gone = swept_constants();
-      if (gone.size()) g_py->session.attr("constants_died")(gone);
-      g_sweep_in = g_seen.size() / 8;
+  // its next op; here at the latest before the next call to `before`: see Py::sweep_in)
+  if (!P.seen.empty() || !P.gone.empty()) {
+    if (call || !P.sweep_in || !P.gone.empty()) {
+      py::list gone = swept_constants(P);
+      if (gone.size()) P.session.attr("constants_died")(gone);
+      P.sweep_in = P.seen.size() / 8;
     } else {
-      --g_sweep_in;
+      --P.sweep_in;
     }
   }
   py::object held = py::none();
   if (call) {
     ++g_calls;
-    held = vcall(g_py->before, {ins.ptr(), py::int_(need).ptr(), f.name.ptr(), take_dead().ptr(),
-                                fresh_consts.get().ptr(), writes.get().ptr(), py::int_(take_plain()).ptr(),
-                                take_views().ptr()});
+    held = vcall(P.before, {ins.ptr(), py::int_(need).ptr(), f.name.ptr(), take_dead(P).ptr(),
+                            fresh_consts.get().ptr(), writes.get().ptr(), py::int_(take_plain()).ptr(),
+                            take_views(P).ptr()});
   }
   // a write to one managed value (NOTE [ Native front end ] 5): the core said how ("version": the new value
   // gets a recipe that replays the write, the old one keeps its own; "copy": the old value, which cannot be
@@ -1689,7 +1753,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     Slot* old = wrote[0].first->slot.get();
     old->own(copy_of(old->storage()));
   }
-  if (g_py->closed) {  // after disable(): values come back without a budget, outputs stay plain
+  if (P.closed) {  // after disable(): values come back without a budget, outputs stay plain
     run_below(op, below, stack);
     return;
   }
@@ -1719,10 +1783,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   try {
     const bool release = f.foreign || (known && cost >= kReleaseAbove);
     g_released += release;
-    if (g_py->retry) run_retrying(op, below, stack, start, *rec, need, ins, release);
+    if (P.retry) run_retrying(op, below, stack, start, *rec, need, ins, release);
     else run_managed_op(op, below, stack, release);
   } catch (...) {
-    if (!held.is_none()) g_py->session.attr("release")(held);
+    if (!held.is_none()) P.session.attr("release")(held);
     throw;
   }
   ++g_ops;
@@ -1786,7 +1850,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     py::list pin, pout;
     for (const IValue& v : called) pin.append(torch::jit::toPyObject(v));
     for (size_t k = 0; k < nout; ++k) pout.append(torch::jit::toPyObject((*stack)[base + k]));
-    const double theirs = g_py->cost(f.name, pin, pout).cast<double>();
+    const double theirs = P.cost(f.name, pin, pout).cast<double>();
     if (mine && theirs != here && !g_cost_mismatches++)
       g_cost_mismatch = f.name.cast<std::string>() + ": " + py::repr(py::float_(here)).cast<std::string>() +
                         " here, " + py::repr(py::float_(theirs)).cast<std::string>() + " in Python";
@@ -1833,8 +1897,8 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   Lazy read;
   if (replayable)
     for (auto* si : reads) {
-      auto it = g_seen.find(si);
-      if (it != g_seen.end() && !it->second.read) it->second.read = true;
+      auto it = P.seen.find(si);
+      if (it != P.seen.end() && !it->second.read) it->second.read = true;
       read.append(py::int_(reinterpret_cast<intptr_t>(si)));
     }
   if (writing && cost == 0 && !known) {  // a write's cost (fresh outputs set it above)
@@ -1844,22 +1908,22 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
   py::object storages;
-  if (fresh.empty() && writes.empty() && held.is_none() && !g_py->closed && !dead && !escaped && stat_ins.empty()) {
-    g_py->views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
+  if (fresh.empty() && writes.empty() && held.is_none() && !P.closed && !dead && !escaped && stat_ins.empty()) {
+    P.views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
     ++g_queued;
   } else {
-    py::object dead_arg = dead ? py::object(take_dead()) : py::reinterpret_borrow<py::object>(*g_empty);
-    auto out = vcall(g_py->ran, {f.name.ptr(), py::float_(cost).ptr(), ins.ptr(), nbytes.ptr(), values.ptr(),
-                                 recipe.ptr(), held.ptr(), read.get().ptr(), wrote_arg.ptr(), dead_arg.ptr(),
-                                 py::int_(take_plain()).ptr(), take_views().ptr()});
+    py::object dead_arg = dead ? py::object(take_dead(P)) : py::reinterpret_borrow<py::object>(*g_empty);
+    auto out = vcall(P.ran, {f.name.ptr(), py::float_(cost).ptr(), ins.ptr(), nbytes.ptr(), values.ptr(),
+                             recipe.ptr(), held.ptr(), read.get().ptr(), wrote_arg.ptr(), dead_arg.ptr(),
+                             py::int_(take_plain()).ptr(), take_views(P).ptr()});
     PyObject* res = out.ptr();
     if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2)
       throw std::runtime_error("torch_dtr native: the core's ran returned something other than (storages, room)");
     storages = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(res, 0));
-    g_room = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
-    if (g_room == -1 && PyErr_Occurred()) throw py::error_already_set();
-    if (escaped && ins.size()) g_py->session.attr("pin")(ins);
-    if (stat_ins.size()) g_py->session.attr("pin")(stat_ins.get());
+    P.room = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
+    if (P.room == -1 && PyErr_Occurred()) throw py::error_already_set();
+    if (escaped && ins.size()) P.session.attr("pin")(ins);
+    if (stat_ins.size()) P.session.attr("pin")(stat_ins.get());
   }
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();
@@ -1873,7 +1937,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   for (size_t j = 0; j < fresh.size(); ++j) {
     PyObject* st = PyList_GET_ITEM(storages.ptr(), j);  // (a write's new version, if any, comes last)
     Py_INCREF(st);
-    buffers.push_back(c10::make_intrusive<Buffer>(fresh[j].slot, st));
+    buffers.push_back(c10::make_intrusive<Buffer>(fresh[j].slot, st, P.epoch));
   }
   auto wrap = [&](const at::Tensor& t, size_t k) -> at::Tensor {
     if (!t.defined() || !t.has_storage() || t.layout() != c10::kStrided || t.is_nested()) return t;
@@ -1896,7 +1960,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     }
   }
   // last, when the core has its records (a warning raised as an error leaves nothing half told)
-  if (g_py->budget >= 0 && made_bytes > predicted && (predicted > 0 ? cacheable : f.size_rule != 1))
+  if (P.budget >= 0 && made_bytes > predicted && (predicted > 0 ? cacheable : f.size_rule != 1))
     fell_short(f, cacheable ? &key : nullptr, predicted, made_bytes);
   else if (f.size_rule == 1 && cacheable && made_bytes != predicted)  // a bound: the real size from now on
     bounded(g_sizes)[key] = made_bytes;
@@ -1919,7 +1983,8 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   // NOTE [ Managed vs constant ] 5: with grad mode off (outside an optimizer's step), an op that makes new
   // tensors from strided tensors is managed too, so that what inference holds counts and can be evicted
   bool infer = false;
-  if (!tagged && !at::GradMode::is_enabled() && g_stepping.load(std::memory_order_relaxed) == 0 && g_py->active &&
+  Py& P = cur();
+  if (!tagged && !at::GradMode::is_enabled() && g_stepping.load(std::memory_order_relaxed) == 0 && P.active &&
       f.fresh && !f.writes && f.replayable && !f.nested) {
     bool strided = false, nested = false;
     for (size_t i = start; i < stack->size(); ++i)
@@ -1931,18 +1996,18 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   }
   if (!tagged && !infer && !(grad && at::GradMode::is_enabled())) {
     ++g_plain;
-    if (f.writes && !g_seen.empty()) {
+    if (f.writes && (!P.seen.empty() || g_tenants.load(std::memory_order_relaxed))) {
       LockAny lock;  // (not the GIL: plain_writes takes it where it must)
-      if (g_py->active) plain_writes(op, f, stack, start);
+      if (P.active) plain_writes(op, f, stack, start);
     }
-    if (g_py->retry && !f.random) run_plain_retrying(op, below, stack, start);
+    if (P.retry && !f.random) run_plain_retrying(op, below, stack, start);
     else run_below(op, below, stack);
-    if (g_count_plain && f.fresh && g_py->budget >= 0) count_plain(f, *stack);
+    if (g_count_plain && f.fresh && P.budget >= 0) count_plain(f, *stack);
     return;
   }
   py::gil_scoped_acquire gil;
   Lock lock;
-  if (!g_py->active && (!g_py->closed || !tagged)) {  // no session (or a closed one, no managed input): plain
+  if (!P.active && (!P.closed || !tagged)) {  // no session (or a closed one, no managed input): plain
     if (!tagged) attach(false);  // this thread's bit outlived its session (disable() ran on another thread)
     run_below(op, below, stack);
     return;
@@ -2017,54 +2082,92 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) { m.fallback(torch::CppFunctio
 
 namespace {
 
-void start(py::object session, int64_t budget) {
+// A new session, or a new tenant of the running one (`tenant`: NOTE [ Tenants ]); returns its number.
+int64_t start_session(py::object session, int64_t budget, bool tenant) {
   Lock lock;
-  for (size_t e = 0; e < g_sessions->size(); ++e)  // earlier sessions no handle refers to any more
-    if (!(*g_buffers)[e]) (*g_sessions)[e] = py::none();
+  TORCH_CHECK(!tenant || g_main->active, "torch_dtr native: a tenant needs a running session");
+  if (!tenant)
+    for (size_t e = 0; e < g_sessions->size(); ++e)  // earlier sessions no handle refers to any more
+      if (!(*g_buffers)[e] && (*g_ctx)[e]->epoch >= 0) {
+        (*g_sessions)[e] = py::none();
+        (*g_ctx)[e]->clear();
+      }
+  auto* p = new Py();
   g_sessions->push_back(session);
   g_buffers->push_back(0);
-  g_epoch = static_cast<int64_t>(g_sessions->size()) - 1;
-  g_py->session = session;
-  g_py->before = session.attr("before");
-  g_py->ran = session.attr("ran");
-  g_py->cost = session.attr("cost");
-  g_py->written = session.attr("written");
-  g_py->budget = budget;
-  g_room = -1;
-  g_py->active = true;
-  g_py->closed = false;
+  g_ctx->push_back(p);
+  p->epoch = static_cast<int64_t>(g_sessions->size()) - 1;
+  p->session = session;
+  p->before = session.attr("before");
+  p->ran = session.attr("ran");
+  p->cost = session.attr("cost");
+  p->written = session.attr("written");
+  p->budget = budget;
+  p->active = true;
+  if (tenant) {
+    p->retry = g_main->retry;
+    g_family->push_back(p);
+    g_tenants.store(true, std::memory_order_relaxed);
+  } else {
+    g_main = p;
+    g_family->assign(1, p);
+    g_tenants.store(false, std::memory_order_relaxed);
+    t_py = nullptr;
+  }
+  return p->epoch;
+}
+int64_t start(py::object session, int64_t budget) { return start_session(std::move(session), budget, false); }
+int64_t start_tenant(py::object session, int64_t budget) { return start_session(std::move(session), budget, true); }
+
+// this thread's ops run on session `epoch` (a tenant; -1: the running session); returns the one they ran on
+int64_t use(int64_t epoch) {
+  const int64_t was = t_py ? t_py->epoch : -1;
+  if (epoch < 0) {
+    t_py = nullptr;
+  } else {
+    Lock lock;
+    Py& p = ctx(epoch);
+    TORCH_CHECK(std::find(g_family->begin(), g_family->end(), &p) != g_family->end(),
+                "torch_dtr native: session ", epoch, " is not a tenant of the running session");
+    t_py = &p;
+  }
+  return was;
 }
 
-void stop() {  // the session stays reachable, closed: values the program holds come back without a budget
+void stop() {  // the sessions stay reachable, closed: values the program holds come back without a budget
   Lock lock;
-  g_py->active = false;
-  g_py->closed = true;
-  g_py->budget = -1;
+  for (Py* p : *g_family) {
+    p->active = false;
+    p->closed = true;
+    p->budget = -1;
+  }
 }
 
-void forget() {  // the session is gone
+void forget() {  // the sessions are gone
   Lock lock;
-  g_py->active = g_py->closed = false;
-  g_py->session = g_py->before = g_py->ran = g_py->cost = g_py->written = py::none();
-  g_py->views = py::list();
-  g_seen.clear();
-  g_gone.clear();
-  g_sweep_in = 0;
+  for (Py* p : *g_family) p->clear();
+  t_py = nullptr;
 }
 
-void set_budget(int64_t b) {
-  g_py->budget = b;
-  g_room = -1;
+void set_budget(int64_t epoch, int64_t b) {
+  Py& p = ctx(epoch);
+  p.budget = b;
+  p.room = -1;
 }
-void forget_room() { g_room = -1; }
+void forget_room() {
+  for (Py* p : *g_family) p->room = -1;
+}
 // constants whose storages are about to be freed without an op (FSDP2's reshard, NOTE [ Resharded parameters ]):
 // forgotten, so that the next op that reads one again counts it again
-void forget_constants(const std::vector<intptr_t>& keys) {
+void forget_constants(int64_t epoch, const std::vector<intptr_t>& keys) {
   Lock lock;
-  for (auto k : keys) g_seen.erase(reinterpret_cast<const c10::StorageImpl*>(k));
+  Py& p = ctx(epoch);
+  for (auto k : keys) p.seen.erase(reinterpret_cast<const c10::StorageImpl*>(k));
 }
 void set_stepping(int level) { g_stepping.store(level, std::memory_order_relaxed); }
-void set_retry(bool on) { g_py->retry = on; }
+void set_retry(bool on) {
+  for (Py* p : *g_family) p->retry = on;
+}
 void set_count_plain(int64_t device) {
   g_count_plain = static_cast<int>(device);
   g_plain_bytes = 0;
@@ -2139,7 +2242,7 @@ std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"sizes_unpredicted", g_unsized},
           {"size_cache", static_cast<int64_t>(g_sizes.size())}, {"cost_cache", static_cast<int64_t>(g_costs.size())}, {"cost_misses", g_cost_misses},
-          {"constants_seen", static_cast<int64_t>(g_seen.size())}, {"costs_here", g_cost_here},
+          {"constants_seen", static_cast<int64_t>(g_main->seen.size())}, {"costs_here", g_cost_here},
           {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released},
           {"constant_writes_told", g_writes_told}, {"constant_writes_untold", g_writes_untold}};
 }
@@ -2168,9 +2271,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_stepping", &set_stepping);
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);
-  m.def("take_views", &take_views);
+  m.def("start_tenant", &start_tenant);
+  m.def("use", &use);
+  m.def("take_views", [](int64_t epoch) { return take_views(ctx(epoch)); });
   m.def("take_dead", &take_dead_locked);
-  m.def("sweep_constants", &swept_constants);  // (the caller holds the kernel's lock: Session.sweep)
+  // (the caller holds the kernel's lock: Session.sweep)
+  m.def("sweep_constants", [](int64_t epoch) { return swept_constants(ctx(epoch)); });
   m.def("lock_core", &lock_core);
   m.def("unlock_core", &unlock_core);
   m.def("set_lend", &set_lend);

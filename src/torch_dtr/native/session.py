@@ -9,7 +9,9 @@ are here. NOTE [ Native front end ] in ``__init__.py``.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,13 +23,32 @@ from ..eager.costs import model_cost
 from ..eager.device import OutOfMemory
 
 
+@contextlib.contextmanager
+def _locked(ext: Any) -> Iterator[None]:
+    """The kernel's lock (torch_dtr.native._core_locked)."""
+    ext.lock_core()
+    try:
+        yield
+    finally:
+        ext.unlock_core()
+
+
 class Session:
-    """One native session: the core runtime and the C++ kernel's calls into it."""
+    """One native session: the core runtime and the C++ kernel's calls into it. A tenant (NOTE [ Tenants ]) is a
+    session too, made by the running one's ``spawn``."""
 
     def __init__(self, ext: Any, budget: int | None, policy: str | Policy, banish_depth: int,
-                 tier: Tier | None = None, device: Any = None) -> None:
+                 tier: Tier | None = None, device: Any = None, make_tier: Any = None) -> None:
         self.ext = ext
+        self.epoch = -1  # its number in the kernel (``ext.start``, ``ext.start_tenant``)
         self.active = False  # managing this thread's ops (enable() to disable()); only then the kernel queues
+        # NOTE [ Tenants ]: the session's total budget, its tenants and their shares (eager/tenants.py); a tenant's
+        # ``session`` is the session it belongs to
+        self.total = budget
+        self.tenants: dict[str, Session] = {}
+        self.shares: dict[str, float] = {"": 1.0}
+        self.session: Session | None = None
+        self._options = (policy, banish_depth, make_tier)
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=DroppingMemory(), banish_depth=banish_depth, lazy_tracking=True,
@@ -62,17 +83,17 @@ class Session:
         ``ran`` are told: first thing in every other entry into the core (``stats()`` then counts what a failed
         step left behind as gone). The queue is the running session's (an earlier one has none)."""
         if self.active:
-            views = self.ext.take_views()
+            views = self.ext.take_views(self.epoch)
             if views:
                 self.queued(views)
-            for s in self.ext.take_dead():
+            for s in self.ext.take_dead(self.epoch):
                 self.rt.drop_ref(s)
 
     def sweep(self) -> None:
         """Uncount the constants whose last tensor died now (the kernel finds them lazily: NOTE [ Native front end ]
         4); for ``stats()``. The caller holds the kernel's lock."""
         if self.active:
-            gone = self.ext.sweep_constants()
+            gone = self.ext.sweep_constants(self.epoch)
             if gone:
                 self.constants_died(gone)
 
@@ -111,7 +132,12 @@ class Session:
         self.rt.release(held)
 
     def dropped(self, dead: tuple[Storage, ...]) -> None:
-        """Handles of this (earlier) session died while another one runs."""
+        """Handles of this session died while another one runs (an earlier session, another tenant); a tenant
+        that runs takes the ops queued for it first (the core sees them in order)."""
+        if self.active:
+            views = self.ext.take_views(self.epoch)
+            if views:
+                self.queued(views)
         for s in dead:
             self.rt.drop_ref(s)
 
@@ -140,10 +166,11 @@ class Session:
 
     def rebinding(self, t: torch.Tensor) -> None:
         """``t.data = v`` is about to rebind the constant ``t`` (NOTE [ Native exports ] 6): the recipes that read
-        its storage are told as for a write to it."""
+        its storage are told as for a write to it (in every tenant whose recipes read it)."""
         key = t.untyped_storage()._cdata
-        if key in self.readers:
-            self.written([key], "t.data = ...")
+        for s in (self, *self.tenants.values()):
+            if key in s.readers:
+                s.written([key], "t.data = ...")
 
     def resharding(self, tensors: list[torch.Tensor]) -> None:
         """FSDP2 is about to free these unsharded parameters' storages (NOTE [ Resharded parameters ]): the
@@ -151,7 +178,7 @@ class Session:
         pinned), and the constants leave the count until an op reads them again."""
         keys = [t.untyped_storage()._cdata for t in tensors]
         self.written(keys, "FSDP's reshard")
-        self.ext.forget_constants(keys)
+        self.ext.forget_constants(self.epoch, keys)
         self.constants_died([(k, self.consts[k]) for k in keys if k in self.consts])
 
     def constants_died(self, gone: list[tuple[int, int]]) -> None:
@@ -160,6 +187,42 @@ class Session:
             if self.consts.pop(key, None) is not None:
                 self.rt.remove_constant(nbytes)
             self.readers.pop(key, None)
+
+    # ------------------------------------------------------------------ budgets and tenants (NOTE [ Tenants ])
+    def set_budget(self, nbytes: int | None) -> None:
+        """This session's own budget (a tenant's share of the total, or the whole); evicts to fit it now."""
+        with _locked(self.ext):
+            self.flush()
+            self.rt.set_budget(nbytes)
+            self.ext.set_budget(self.epoch, -1 if nbytes is None else nbytes)
+
+    def spawn(self) -> Session:
+        """A tenant of this session, running: its options, its own core; its host tier shares this session's host
+        budget (NOTE [ Host copies ] 8)."""
+        policy, banish_depth, make_tier = self._options
+        tier = None if make_tier is None else make_tier()
+        if tier is not None:
+            tier.pool = self.rt.tier.pool  # type: ignore[union-attr]
+        t = Session(self.ext, None, policy, banish_depth, tier, self.dev, make_tier)
+        t.rt.fix = self.rt.fix
+        t.session = self
+        with _locked(self.ext):
+            t.epoch = self.ext.start_tenant(t, -1)
+        t.active = True
+        return t
+
+    def stop(self) -> None:
+        """``disable()``: this session and its tenants take what the kernel queued, stop, and lift their budgets (so
+        that values held later come back without one)."""
+        family = [self, *self.tenants.values()]
+        for s in family:
+            s.flush()
+        for s in family:
+            s.active = False
+        self.ext.stop()
+        for s in family:
+            s.unhook()
+            s.rt.set_budget(None)
 
     # ------------------------------------------------------------------ helpers
     def _see(self, t: torch.Tensor, key: int, nbytes: int, where: str) -> None:
