@@ -84,7 +84,8 @@ def _front_of(front: str | None) -> str:
 def enable(budget: int | str | None = None, *, front: str | None = None, policy: str | Policy = DEFAULT_POLICY,
            banish_depth: int | None = None, device: Any = None, swap: bool | str = False,
            host_budget: int | str | None = None, swap_gbps: float | None = None,
-           expandable_segments: bool | None = None, grads_in_place: bool = True, **python_options: Any) -> Session:
+           expandable_segments: bool | None = None, grads_in_place: bool = True, trace: str | os.PathLike | None = None,
+           **python_options: Any) -> Session:
     """Manage every op of this thread from here on: keep memory within ``budget`` (bytes or ``"3GiB"``) by evicting
     and recomputing. Returns the session (a context manager: ``with torch_dtr.enable(...):``).
 
@@ -98,7 +99,9 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     ``expandable_segments``: PyTorch's expandable segments for the session (None: on for CUDA unless
     ``PYTORCH_CUDA_ALLOC_CONF`` names it). ``grads_in_place``: autograd sums gradients in place as plain PyTorch
     does (the compiled front end; the Python one cannot). ``front``: NOTE [ Choosing the front end ]; the Python
-    front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``remat``, ``sync_every``) choose it."""
+    front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``remat``, ``sync_every``) choose it.
+    ``trace``: write every call into the core to this file (the compiled front end), for ``torch-dtr simulate`` to
+    replay at other budgets (NOTE [ Traces ])."""
     global _CURRENT, _LAST
     front = _front_of(front)
     if expandable_segments not in (None, True, False):
@@ -108,13 +111,16 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     if unknown:
         raise TypeError(f"torch_dtr.enable() got unexpected keyword argument(s) {unknown}; its options: budget, "
                         f"front, policy, banish_depth, device, swap, host_budget, swap_gbps, expandable_segments, "
-                        f"grads_in_place, and the Python front end's {sorted(_PYTHON_ONLY)}")
+                        f"grads_in_place, trace, and the Python front end's {sorted(_PYTHON_ONLY)}")
     python_asked = [f"{k}={v!r}" for k, v in python_options.items() if v != _PYTHON_ONLY[k]]
     if front == "native" and python_asked:
         raise ValueError(f"torch_dtr: {', '.join(python_asked)} needs the Python front end, and front='native' was "
                          f"asked for: drop the option, or pass front='python' (or 'auto')")
     if front == "auto":
         front = "python" if python_asked else "native" if _native_builds() else "python"
+    if trace is not None and front == "python":
+        raise ValueError("torch_dtr: trace= needs the compiled front end, and the Python front end was chosen "
+                         f"({', '.join(python_asked) or 'front=python, or the C++ front end cannot be built here'})")
     if _CURRENT is not None and _CURRENT.active or eager.enabled() or _native_running():
         warnings.warn("torch_dtr: enable() while a session runs: that session is disabled first (its managed tensors "
                       "stay readable)", RuntimeWarning, stacklevel=2)
@@ -126,7 +132,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
         s = Session("python")
     else:
         h = native.enable(budget, policy=policy, banish_depth=banish_depth, swap=swap, host_budget=host_budget,
-                          swap_gbps=swap_gbps, device=device, grads_in_place=grads_in_place)
+                          swap_gbps=swap_gbps, device=device, grads_in_place=grads_in_place, trace=trace)
         h.rt.fix = FIX  # a BudgetError names these calls, not torch_dtr.native's
         s = Session("native", h)
         try:

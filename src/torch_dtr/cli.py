@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
     b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
     b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 3, quick 1)")
-    s = sub.add_parser("simulate", help="replay an operator log under budgets through the runtime's core and policies")
-    s.add_argument("log", help="operator log (the DTR prototype's JSON-lines format)")
+    s = sub.add_parser("simulate", help="replay a trace (torch-dtr record) or an operator log under budgets through the "
+                                        "runtime's core and policies")
+    s.add_argument("log", help="a trace written by torch-dtr record, or an operator log (the DTR prototype's format)")
     s.add_argument("--policy", action="append", help="policy name (repeatable; default: the default policy)")
     s.add_argument("--ratios", type=_ratios, default=None,
                    help="budgets as fractions of the no-eviction peak (default 0.1,0.2,...,1.0)")
@@ -53,16 +54,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="add a host tier with this copy bandwidth in GB/s (e.g. 12 for PCIe 3.0 x16): evicted values "
                         "are copied there when that is cheaper than recomputing them")
     s.add_argument("--host-budget", default=None, help="bytes the host tier may hold (default: unlimited), e.g. 8GiB")
-    r = sub.add_parser("record", help="run a PyTorch script and write one training iteration as an operator log",
-                       usage="torch-dtr record --out LOG [--iteration N] [--costs time|model] SCRIPT [ARGS ...]")
+    r = sub.add_parser("record", help="run a PyTorch script and trace one training iteration, for torch-dtr simulate",
+                       usage="torch-dtr record --out TRACE [--iteration N] [--kind trace|log [--costs time|model]] "
+                             "SCRIPT [ARGS ...]")
     r.add_argument("script", help="the Python script to run")
     r.add_argument("args", nargs=argparse.REMAINDER,
                    help="arguments for the script (options for torch-dtr go before SCRIPT)")
-    r.add_argument("--out", "-o", required=True, help="log file to write")
+    r.add_argument("--out", "-o", required=True, help="file to write")
     r.add_argument("--iteration", type=int, default=2,
                    help="which iteration to record, counted in optimizer steps (default 2: after one warm-up)")
-    r.add_argument("--costs", choices=("time", "model"), default="time",
-                   help="each op's TIME: measured (default) or modelled from FLOPs and bytes (the same in every run)")
+    r.add_argument("--kind", choices=("trace", "log"), default="trace",
+                   help="trace (default): what the core is told while the compiled front end runs the iteration, which "
+                        "replays to a live session's decisions at any budget; log: every aten op, in the DTR "
+                        "prototype's operator-log format")
+    r.add_argument("--costs", choices=("time", "model"), default=None,
+                   help="--kind log only: each op's TIME measured (default) or modelled from FLOPs and bytes (a "
+                        "trace has the modelled costs the live session uses)")
     args = p.parse_args(argv)
     try:
         return _run(p, args, argv)
@@ -85,11 +92,19 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
     if args.cmd == "record":
         import json
 
-        from .recorder import record_script
-
         if args.iteration < 1:
             p.error(f"--iteration must be >= 1, got {args.iteration}")
-        print(json.dumps(record_script(args.script, args.args, args.out, args.iteration, args.costs), indent=1))
+        if args.kind == "trace":
+            if args.costs is not None:
+                p.error("--costs is for --kind log: a trace has the modelled costs the live session uses")
+            from .tracer import trace_script
+
+            print(json.dumps(trace_script(args.script, args.args, args.out, args.iteration), indent=1))
+            return 0
+        from .recorder import record_script
+
+        print(json.dumps(record_script(args.script, args.args, args.out, args.iteration, args.costs or "time"),
+                         indent=1))
         return 0
     if args.cmd == "bench":
         command = "torch-dtr " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -194,14 +194,15 @@ def available() -> bool:
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int | None = None,
            swap: bool | str = False, host_budget: int | str | None = None, swap_gbps: float | None = None,
-           device: Any = None, grads_in_place: bool = True) -> Any:
+           device: Any = None, grads_in_place: bool = True, trace: str | Path | None = None) -> Any:
     """Manage this thread's ops with the compiled front end under ``budget`` (bytes or "2GiB"); returns the
     session (``.rt`` is its core runtime). ``swap``, ``host_budget``, ``swap_gbps``: the host tier, as
     ``torch_dtr.enable`` takes them (rule 6); ``banish_depth`` as there (default 2, or 0 with a host tier at
     least as large as the budget). ``device``: the allocator whose count the budget bounds (rule 8; default: the
     current CUDA device where CUDA is available, else none: the budget bounds the values this front end counts).
     ``grads_in_place``: autograd sums a value's gradients into one tensor in place, as in plain PyTorch (rule 9;
-    False: into a new tensor per term, as under the Python front end, which makes the same decisions then)."""
+    False: into a new tensor per term, as under the Python front end, which makes the same decisions then).
+    ``trace``: a file to write every call into the core to, for ``torch_dtr.sim.trace`` (NOTE [ Traces ])."""
     global _SESSION
     import torch
 
@@ -222,7 +223,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         raise RuntimeError("torch_dtr.native: torch_dtr.enable() is on; the two front ends cannot run together "
                            "(call torch_dtr.disable() first)")
     nbytes = parse_budget(budget)
-    get_policy(policy)
+    policy_name = get_policy(policy).name
     if banish_depth is not None and (isinstance(banish_depth, bool) or not isinstance(banish_depth, int)
                                      or banish_depth < 0):
         raise ValueError(f"torch_dtr.native: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
@@ -249,17 +250,18 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s = Session(ext, nbytes, policy, banish_depth, None if make_tier is None else make_tier(), device, make_tier)
     s.active = True
     _SESSION = s
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    if trace is not None:
+        from ..sim.trace import Writer
 
+        s.trace_to(Writer(trace, {"policy": policy_name, "banish_depth": banish_depth, "budget": nbytes,
+                                  "grads_in_place": bool(grads_in_place)}))
     from ..eager import fsdp
-    from ..eager.front import step_level
 
-    # inside an optimizer's step() its updates stay plain (NOTE [ Managed vs constant ] 5)
-    s.hooks = (register_optimizer_step_pre_hook(lambda _o, args, kwargs: ext.set_stepping(step_level(args, kwargs))),
-               register_optimizer_step_post_hook(lambda *_: s.stepped()))
+    _step_hooks(ext)
     s.unwrap_fsdp = fsdp.wrap(lambda: s if s.active else None)  # NOTE [ Resharded parameters ]
     s.unwatch = watch(s)  # NOTE [ Unmanaged regions ]
     s.epoch = ext.start(s, -1 if nbytes is None else nbytes)
+    ext.set_trace(trace is not None)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8
@@ -270,6 +272,32 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     guard_constants(ext, True, lambda: _SESSION)
     ext.attach(True)
     return s
+
+
+_STEP_HOOKS: list[Any] = []
+
+
+def _step_hooks(ext: Any) -> None:
+    """Inside an optimizer's step() its updates stay plain (NOTE [ Managed vs constant ] 5): hooks on every step,
+    for the running session, registered once per process and never removed (a session enabled or disabled by an
+    optimizer's own step hook, as ``torch-dtr record`` does, would otherwise change the hooks PyTorch is calling)."""
+    if _STEP_HOOKS:
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from ..eager.front import step_level
+
+    def pre(_o: Any, args: Any, kwargs: Any) -> None:
+        s = _SESSION
+        if s is not None and s.active:
+            ext.set_stepping(step_level(args, kwargs))
+
+    def post(*_: Any) -> None:
+        s = _SESSION
+        if s is not None and s.active:
+            s.stepped()
+
+    _STEP_HOOKS[:] = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
 
 def disable() -> None:
@@ -295,11 +323,12 @@ def _disable(s: Any) -> None:
     s.ext.set_lend(True)
     s.ext.cpu_blocks(False)
     thaw_gc(s.froze)
-    for h in s.hooks:
-        h.remove()
     s.unwrap_fsdp()
     s.unwatch()
     s.ext.set_stepping(0)
+    if s.trace is not None:
+        s.ext.set_trace(False)
+        s.trace.close()
 
 
 def current() -> Any:

@@ -154,6 +154,10 @@ std::atomic<bool> g_dead_any{false};  // g_dead is not empty (read per op withou
 std::vector<py::object>* g_sessions = new std::vector<py::object>();
 std::vector<int64_t>* g_buffers = new std::vector<int64_t>();  // (under g_mutex and the GIL)
 bool g_lend = true;     // slots lend their StorageImpl to the handles (rule 6; off: the slot always holds it)
+// tracing the core's input (NOTE [ Traces ] in sim/trace.py): every managed op predicts its bytes and calls `before`,
+// and every write to a constant that a recipe read is told (whether or not one alive reads it: that depends on
+// what the core keeps, which depends on the budget), so that the trace replays at any budget
+bool g_trace = false;
 
 // ------------------------------------------------------------------ constants (NOTE [ Native front end ] 4)
 // The recipes alive that read one constant: each holds a reference (Input::reader), the constant's entry one more.
@@ -170,7 +174,7 @@ struct Seen {  // a constant storage, counted while a tensor seen on it lives (a
   bool hooked = false;
   c10::intrusive_ptr<Readers> readers;  // (null until a recipe reads it)
   // whether a recipe alive reads it (those that died have let go of `readers`; their ops' recipes are gone)
-  bool read_live() const { return readers && readers.use_count() > 1; }
+  bool read_live() const { return readers && (g_trace || readers.use_count() > 1); }
   c10::intrusive_ptr<Readers> reader() {
     if (!readers) readers = c10::make_intrusive<Readers>();
     return readers;
@@ -861,6 +865,7 @@ bool cost_here(const Facts& f, const std::vector<IValue>& args, const IValue* ou
   return true;
 }
 bool g_check_costs = false;  // tests: misses answered here are asked of Python too, and compared
+
 int64_t g_cost_here = 0, g_cost_mismatches = 0, g_released = 0;  // managed ops run without the GIL
 std::string g_cost_mismatch;  // the first
 
@@ -1705,7 +1710,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   bool cacheable = true;
   for (size_t i = start; i < stack->size() && cacheable; ++i) cacheable = describe((*stack)[i], key.words);
   int64_t need = 0;
-  if (P.budget >= 0 && !P.closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr, evicted);
+  if ((P.budget >= 0 || g_trace) && !P.closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr, evicted);
   const int64_t predicted = need;
   if (need > 0 && P.retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
     bool cuda = false;
@@ -1714,7 +1719,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   const bool dead = dead_pending();
   // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
-  const bool call = evicted || (P.budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > P.room) ||
+  const bool call = g_trace || evicted || (P.budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > P.room) ||
                     fresh_consts.size() || writes.size() || P.closed;
   // constants whose last tensor died (eager/front.py learns of each death from a weak reference's callback before
   // its next op; here at the latest before the next call to `before`: see Py::sweep_in)
@@ -2288,6 +2293,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("session_of", &session_of);
   m.def("plain", &plain);
   m.def("counters", &counters);
+  m.def("set_trace", [](bool on) { g_trace = on; });
   m.def("check_costs", [](bool on) {  // tests: compare the kernel's cost model with Python's; returns the first
     g_check_costs = on;                  // mismatch since the last call ("": none)
     std::string first;

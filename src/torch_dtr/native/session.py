@@ -49,6 +49,7 @@ class Session:
         self.shares: dict[str, float] = {"": 1.0}
         self.session: Session | None = None
         self._options = (policy, banish_depth, make_tier)
+        self.trace: Any = None  # a sim.trace.Writer while the session's calls into the core are traced
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=DroppingMemory(), banish_depth=banish_depth, lazy_tracking=True,
@@ -86,7 +87,10 @@ class Session:
             views = self.ext.take_views(self.epoch)
             if views:
                 self.queued(views)
-            for s in self.ext.take_dead(self.epoch):
+            dead = self.ext.take_dead(self.epoch)
+            if dead and self.trace is not None:
+                self.trace.dropped(dead)
+            for s in dead:
                 self.rt.drop_ref(s)
 
     def sweep(self) -> None:
@@ -123,12 +127,16 @@ class Session:
         no op on it can see them: never evict them (front.cpp, ``escaped``)."""
         rt = self.rt
         self.ext.forget_room()
+        if self.trace is not None:
+            self.trace.pinned(storages)
         for s in storages:
             if not s.resident:  # (evicted since the op ran, by a reservation its outputs' sizes made)
                 rt.rematerialize(s)
             rt.pin(s)
 
     def release(self, held: list[Storage]) -> None:
+        if self.trace is not None:
+            self.trace.released(held)
         self.rt.release(held)
 
     def dropped(self, dead: tuple[Storage, ...]) -> None:
@@ -138,6 +146,8 @@ class Session:
             views = self.ext.take_views(self.epoch)
             if views:
                 self.queued(views)
+        if self.trace is not None:
+            self.trace.dropped(dead)
         for s in dead:
             self.rt.drop_ref(s)
 
@@ -161,6 +171,8 @@ class Session:
     def written(self, keys: list[int], name: str) -> None:
         """A constant that recipes read is about to be written (NOTE [ Changed constants ] 2)."""
         self.flush()
+        if self.trace is not None:
+            self.trace.written(keys, name)
         if self.feed.written(keys, name):
             self.ext.forget_room()  # values brought back took room
 
@@ -183,6 +195,8 @@ class Session:
 
     def constants_died(self, gone: list[tuple[int, int]]) -> None:
         self.flush()
+        if self.trace is not None:
+            self.trace.constants_died(gone)
         for key, nbytes in gone:
             if self.consts.pop(key, None) is not None:
                 self.rt.remove_constant(nbytes)
@@ -224,6 +238,30 @@ class Session:
             s.unhook()
             s.rt.set_budget(None)
 
+    def trace_to(self, writer: Any) -> None:
+        """Write every call this session makes into the core to ``writer`` (NOTE [ Traces ] in sim/trace.py); before
+        ``ext.start``, which binds the kernel's per-op calls."""
+        feed = self.feed
+        self.trace = writer
+
+        def before(ins: list[Storage], need: int, name: str, dead: list[Storage], consts: list[Any],
+                   writes: list[Storage], plain: int = 0, views: Any = None) -> Any:
+            writer.before(ins, need, name, dead, consts, writes, plain, views)
+            return feed.before(ins, need, name, dead, consts, writes, plain, views)
+
+        def ran(name: str, cost: float, ins: list[Storage], nbytes: list[int], values: list[Any], recipe: Any,
+                held: Any, read: list[int], wrote: Any, dead: list[Storage], plain: int = 0,
+                views: Any = None) -> tuple[list[Storage], int]:
+            out = feed.ran(name, cost, ins, nbytes, values, recipe, held, read, wrote, dead, plain, views)
+            writer.ran(name, cost, ins, nbytes, recipe is not None, read, wrote, dead, plain, views, out[0])
+            return out
+
+        def queued(views: Any) -> None:
+            writer.queued(views)
+            feed.queued(views)
+
+        self.before, self.ran, self.queued = before, ran, queued
+
     # ------------------------------------------------------------------ helpers
     def _see(self, t: torch.Tensor, key: int, nbytes: int, where: str) -> None:
         if key not in self.consts:
@@ -256,6 +294,8 @@ class Session:
             return t
         self.ext.forget_room()
         rt = self.rt
+        if self.trace is not None:
+            self.trace.pinned([s])
         if not s.resident:
             rt.rematerialize(s)
         rt.pin(s)

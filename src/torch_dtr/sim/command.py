@@ -14,29 +14,42 @@ from ..deps import need
 from . import log as _log
 from .baselines import sqrt_checkpoint
 from .replay import Outcome, no_eviction_peak, simulate
+from .trace import FORMAT, Trace, read_trace, simulate_trace, trace_peak
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-def run_grid(log: _log.Log, policies: Sequence[str], ratios: Sequence[float], *, progress: bool = False,
+def is_trace(path: str | Path) -> bool:
+    """Whether ``path`` is a trace (NOTE [ Traces ]) rather than an operator log."""
+    with Path(path).open() as f:
+        return FORMAT in f.readline()
+
+
+def run_grid(log: _log.Log | Trace, policies: Sequence[str], ratios: Sequence[float], *, progress: bool = False,
              **options: Any) -> tuple[int, list[Outcome]]:
-    """Every (policy, ratio) replay of ``log``; returns the no-eviction peak and the outcomes."""
+    """Every (policy, ratio) replay of ``log`` (or of a trace); returns the no-eviction peak and the outcomes."""
     for p in policies:
         get_policy(p)  # unknown names fail before any work
-    peak = no_eviction_peak(log)
+    traced = isinstance(log, Trace)
+    peak = trace_peak(log) if traced else no_eviction_peak(log)
     jobs = [(p, r) for p in policies for r in ratios]
     it: Any = jobs
     if progress:
         tqdm = need("tqdm", "sim", "progress output of torch-dtr simulate").tqdm
         it = tqdm(jobs, desc=Path(log.source).name, unit="replay", file=sys.stderr, leave=False)
-    out = [simulate(log, p, ratio=r, peak=peak, **options) for p, r in it]
+    if traced:
+        out = [simulate_trace(log, p, ratio=r, peak=peak, **options) for p, r in it]
+    else:
+        out = [simulate(log, p, ratio=r, peak=peak, **options) for p, r in it]
     return peak, out
 
 
-def table(log: _log.Log, peak: int, outcomes: Sequence[Outcome], extra: Sequence[Outcome] = ()) -> str:
+def table(log: _log.Log | Trace, peak: int, outcomes: Sequence[Outcome], extra: Sequence[Outcome] = ()) -> str:
+    what = (f"trace {log.source}: {log.ops()} managed ops, {log.op_cost() * 1e3:.1f} ms of modelled op time"
+            if isinstance(log, Trace) else
+            f"log {log.source}: {log.op_count()} ops, {log.op_time_ns() / 1e6:.1f} ms of op time")
     rows = [
-        f"log {log.source}: {log.op_count()} ops, {log.op_time_ns() / 1e6:.1f} ms of op time, "
-        f"no-eviction peak {fmt_bytes(peak)}",
+        f"{what}, no-eviction peak {fmt_bytes(peak)}",
         "",
         "| policy | ratio | budget | status | overhead | evictions | recomputations | copies out/in | accesses "
         "| replay s |",
@@ -91,12 +104,18 @@ def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outc
 
 def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | None, fmt: str,
          plot_path: str | None, baselines: bool, swap_gbps: float | None = None, host_budget: int | None = None) -> int:
-    log = _log.read(path)
+    traced = is_trace(path)
+    if traced and (swap_gbps is not None or baselines):
+        print("torch-dtr simulate: a trace replays without a host tier and without baselines for now (NOTE [ Traces ] "
+              "4); drop --swap-gbps and --baselines, or record an operator log (torch-dtr record --kind log)",
+              file=sys.stderr)
+        return 2
+    log: _log.Log | Trace = read_trace(path) if traced else _log.read(path)
     policies = list(policies or [DEFAULT_POLICY])
     ratios = list(ratios or DEFAULT_RATIOS)
     swap = {} if swap_gbps is None else {"swap_gbps": swap_gbps, "host_budget": host_budget}
     peak, outs = run_grid(log, policies, ratios, progress=fmt == "table" and sys.stderr.isatty(), **swap)
-    extra = [sqrt_checkpoint(log, peak)] if baselines else []
+    extra = [sqrt_checkpoint(log, peak)] if baselines and isinstance(log, _log.Log) else []
     if fmt == "json":
         print(json.dumps([o.as_dict() for o in outs] + [dict(o.as_dict(), baseline=True) for o in extra], indent=1))
     else:

@@ -1,0 +1,201 @@
+"""A traced iteration replays to the live session's decisions (NOTE [ Traces ]): the same program, traced once
+without a budget, then run live at each budget in a session of its own, and replayed at the same budgets; the
+outcome, evictions and recomputations must be equal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import torch_dtr
+from torch_dtr.sim.trace import read_trace, simulate_trace, trace_peak
+
+pytestmark = pytest.mark.skipif(not torch_dtr.native.available(), reason="traces come from the compiled front end")
+
+Step = Callable[[], None]
+
+
+def _mlp() -> Step:
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU()) for _ in range(6)],
+                                torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(256, 128), torch.randint(0, 10, (256,))
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def _cnn() -> Step:  # batch norm's running statistics are written by the managed forward
+    layers: list[torch.nn.Module] = []
+    for c_in, c_out in ((3, 16), (16, 16), (16, 32)):
+        layers += [torch.nn.Conv2d(c_in, c_out, 3, padding=1), torch.nn.BatchNorm2d(c_out), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 3, 24, 24), torch.randint(0, 10, (8,))
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def _lstm_cells() -> Step:  # many small ops, a loop over time
+    cell, head = torch.nn.LSTMCell(64, 64), torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
+    xs = torch.randn(24, 16, 64)
+
+    def step() -> None:
+        h = c = torch.zeros(16, 64)
+        loss = torch.zeros(())
+        for x in xs:
+            h, c = cell(x, (h, c))
+            loss = loss + head(h).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def _moe() -> Step:  # routing: which rows reach which expert depends on the data
+    gate = torch.nn.Linear(64, 4)
+    experts = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                                      torch.nn.Linear(128, 64)) for _ in range(4))
+    opt = torch.optim.SGD([*gate.parameters(), *experts.parameters()], lr=0.01)
+    x = torch.randn(256, 64)
+
+    def step() -> None:
+        h = x
+        for _ in range(2):
+            weights, chosen = gate(h).softmax(-1).topk(2, dim=-1)
+            out = torch.zeros_like(h)
+            for e, expert in enumerate(experts):
+                rows, slot = (chosen == e).nonzero(as_tuple=True)
+                out = out.index_add(0, rows, expert(h[rows]) * weights[rows, slot, None])
+            h = h + out
+        h.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def _gpt2() -> Step:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (4, 64))
+
+    def step() -> None:
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def _fresh(make: Callable[[], Step]) -> Step:
+    """The program with the same weights, inputs and random state every time, after one plain warm-up step."""
+    torch.manual_seed(0)
+    step = make()
+    step()
+    return step
+
+
+def _live(make: Callable[[], Step], budget: int) -> tuple:
+    step = _fresh(make)
+    try:
+        with torch_dtr.enable(budget=budget):
+            step()
+            st = torch_dtr.stats()
+    except torch_dtr.BudgetError:
+        return ("oom",)
+    return ("ok", st.evictions, st.rematerializations)
+
+
+@pytest.mark.parametrize("make", [_mlp, _cnn, _lstm_cells, _moe, _gpt2])
+def test_a_traced_iteration_replays_to_the_live_sessions_decisions_at_every_budget(tmp_path, make):
+    path = tmp_path / "step.trace"
+    step = _fresh(make)
+    with torch_dtr.enable(budget=None, trace=path):
+        step()
+        live_peak = torch_dtr.stats().peak_bytes
+    trace = read_trace(path)
+    peak = trace_peak(trace)
+    assert peak == live_peak, "the trace replayed without a budget peaks where the live session did"
+    seen = []
+    for ratio in (0.3, 0.45, 0.6, 0.75, 0.9):
+        budget = int(ratio * peak)
+        o = simulate_trace(trace, budget=budget, thrash_at=None)
+        replayed = ("ok", o.evictions, o.rematerializations) if o.status == "ok" else (o.status,)
+        live = _live(make, budget)
+        assert replayed == live, f"ratio {ratio}: replay {replayed}, live {live}"
+        seen.append(live)
+    assert any(s[0] == "ok" and s[1] > 0 for s in seen), f"no budget evicted and trained: {seen}"
+
+
+def test_bad_traces_and_options_are_refused_clearly(tmp_path):
+    not_a_trace = tmp_path / "x.log"
+    not_a_trace.write_text('{"INSTRUCTION": "CALL"}\n')
+    with pytest.raises(ValueError, match="is not a torch-dtr trace"):
+        read_trace(not_a_trace)
+    with pytest.raises(ValueError, match="trace= needs the compiled front end"):
+        torch_dtr.enable(budget=None, front="python", trace=tmp_path / "t")
+    assert not torch_dtr.enabled()
+    with pytest.raises(ValueError, match="exactly one of ratio"):
+        simulate_trace(read_trace(_write_small(tmp_path)))
+
+
+def _write_small(tmp_path) -> str:
+    path = tmp_path / "small.trace"
+    w = torch.randn(32, 32, requires_grad=True)
+    with torch_dtr.enable(trace=path):
+        (w @ w).tanh().sum().backward()
+    return str(path)
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.nn as nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(512, 32); y = torch.randint(0, 4, (512,))
+    for step in range(4):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("SCRIPT-END", file=sys.stderr)
+    """
+)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torch_dtr.cli", *args], capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def test_torch_dtr_record_traces_the_second_iteration_and_simulate_replays_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "step2.trace"
+    p = _cli("record", "--out", str(out), str(script))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["complete"] and summary["steps"] == 2 and summary["ops"] > 10
+    assert "SCRIPT-END" not in p.stderr  # stopped after the traced iteration
+    p = _cli("simulate", str(out), "--format", "json", "--ratios", "1.0,0.8")
+    assert p.returncode == 0, p.stderr
+    full, low = json.loads(p.stdout)
+    assert full["status"] == "ok" and full["overhead"] == 1.0 and full["peak_bytes"] == summary["peak_bytes"]
+    assert low["status"] == "ok" and low["evictions"] > 0 and low["peak_bytes"] <= low["budget"]
+    p = _cli("record", "--out", str(out), "--costs", "model", str(script))
+    assert p.returncode == 2 and "--costs is for --kind log" in p.stderr
