@@ -1,5 +1,6 @@
-"""From a live PyTorch program to a simulated budget: `torch-dtr record` a script's second iteration,
-then `torch-dtr simulate` it, and check the replay against what the program did."""
+"""From a live PyTorch program to a simulated budget: `torch-dtr record --kind log` a script's second iteration as an
+operator log, then `torch-dtr simulate` it, and check the replay against what the program did (the trace, `record`'s
+default: tests/sim/test_trace.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_record_then_simulate(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "step2.log"
-    p = _cli("record", "--out", str(out), "--iteration", "2", str(script))
+    p = _cli("record", "--kind", "log", "--out", str(out), "--iteration", "2", str(script))
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     assert summary["ops"] > 20 and summary["complete"]

@@ -199,3 +199,14 @@ def test_torch_dtr_record_traces_the_second_iteration_and_simulate_replays_it(tm
     assert low["status"] == "ok" and low["evictions"] > 0 and low["peak_bytes"] <= low["budget"]
     p = _cli("record", "--out", str(out), "--costs", "model", str(script))
     assert p.returncode == 2 and "--costs is for --kind log" in p.stderr
+
+
+def test_a_script_without_the_asked_iteration_says_so(tmp_path):
+    from torch_dtr.tracer import trace_script
+
+    script = tmp_path / "plain.py"
+    script.write_text("import torch\nx = torch.ones(3, requires_grad=True)\n(x * 2).tanh().sum().backward()\n")
+    with pytest.raises(RuntimeError, match="never began"):
+        trace_script(str(script), [], tmp_path / "t.trace", iteration=2)
+    s = trace_script(str(script), [], tmp_path / "t.trace", iteration=1)
+    assert s["ops"] >= 3 and "whole script" in s["note"] and not torch_dtr.enabled()

@@ -110,6 +110,9 @@ the Python core.
 #    made lives at the optimizer's step: its updates of the parameters run without the GIL or the core (27 of the
 #    28 calls a step of the small GPT-2), and the core's list of each parameter's readers, no longer emptied by
 #    the write, is pruned as it grows (``Feed.ran``). ``stats()``: ``constant_writes_told``, ``..._untold``.
+# 13. Traces (``enable(trace=path)``, NOTE [ Traces ] in sim/trace.py): the session writes every call it makes into
+#    the core (``Session.trace_to``); the kernel then calls ``before`` ahead of every managed op and tells every
+#    write to a constant a recipe read (front.cpp, ``g_trace``), so that the trace replays at any budget.
 """
 
 from __future__ import annotations
