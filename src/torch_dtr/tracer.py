@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 
+_REPLACED = ("torch_dtr: {script} enabled a torch-dtr session of its own, which ended the traced one (the trace is cut "
+             "short); trace the script as plain PyTorch (without its torch_dtr.enable() call)")
+
+
 class _Stop(BaseException):
     """Ends the traced script after its iteration (a BaseException: ``except Exception`` lets it pass)."""
 
@@ -33,15 +37,20 @@ def trace_script(script: str, argv: list[str], out: str | Path, iteration: int =
     ext = native.load()  # NativeUnavailable says what to install
     native._step_hooks(ext)  # (registered now: a session enabled by the hook below must not add hooks)
     steps = [0]
-    tracing = [False]
+    tracing: list[Any] = [None]  # the traced session
 
     def start() -> None:
         api.enable(budget=None, front="native", trace=out)
-        tracing[0] = True
+        tracing[0] = native.current()
+
+    def replaced() -> bool:
+        return tracing[0] is not None and native.current() is not tracing[0]
 
     def step_hook(_opt: Any, _a: Any, _k: Any) -> None:
         steps[0] += 1
         if steps[0] == iteration:
+            if replaced():
+                raise RuntimeError(_REPLACED.format(script=script))
             api.disable()
             raise _Stop
         if steps[0] == iteration - 1:
@@ -66,7 +75,9 @@ def trace_script(script: str, argv: list[str], out: str | Path, iteration: int =
         sys.argv, sys.path[:] = old_argv, old_path
         api.disable()
     n = steps[0]
-    if not tracing[0]:
+    if replaced():
+        raise RuntimeError(_REPLACED.format(script=script))
+    if tracing[0] is None:
         raise RuntimeError(f"torch_dtr: {script} made {n} optimizer step(s), so iteration {iteration} never began and "
                            f"nothing was traced; --iteration 1 traces the script from its first op")
     trace = read_trace(out)

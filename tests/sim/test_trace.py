@@ -210,3 +210,10 @@ def test_a_script_without_the_asked_iteration_says_so(tmp_path):
         trace_script(str(script), [], tmp_path / "t.trace", iteration=2)
     s = trace_script(str(script), [], tmp_path / "t.trace", iteration=1)
     assert s["ops"] >= 3 and "whole script" in s["note"] and not torch_dtr.enabled()
+    own = tmp_path / "own.py"
+    own.write_text("import torch, torch_dtr\ntorch_dtr.enable(budget='1GiB')\nx = torch.ones(3, requires_grad=True)\n"
+                   "(x * 2).sum().backward()\n")
+    with pytest.warns(RuntimeWarning, match="enable\\(\\) while a session runs"), \
+            pytest.raises(RuntimeError, match="enabled a torch-dtr session of its own"):
+        trace_script(str(own), [], tmp_path / "t.trace", iteration=1)
+    assert not torch_dtr.enabled()
