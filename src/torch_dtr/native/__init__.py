@@ -393,7 +393,10 @@ def tenant(name: str, share: float | None = None) -> Iterator[Any]:
     try:
         yield t
     finally:
-        s.ext.use(was)
+        try:
+            s.ext.use(was)
+        except RuntimeError:  # a new session began inside the scope: its tenants are not the old one's
+            s.ext.use(-1)
 
 
 def empty_cache() -> int:
