@@ -55,3 +55,16 @@ def test_design_doc_is_short_and_has_no_history() -> None:
     assert len(text.encode()) < 20_000, f"docs/design.md is {len(text.encode())} bytes; keep it under 20 KB"
     assert not re.search(r"\bissue \d+", text, re.I), "issue numbers belong in the issue tracker"
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "dated history belongs in docs/decisions.md"
+
+
+def test_the_readme_cpu_table_is_its_record() -> None:
+    """Issue 55: the README's CPU figures are computed from the bench's committed record (docs/benchmarks.json) by
+    ``python -m torch_dtr.bench.report --readme``; a hand edit, or a record rerun without regenerating, fails here."""
+    import json
+
+    from torch_dtr.bench.report import readme_with_table
+
+    record = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    text = (ROOT / "README.md").read_text()
+    assert readme_with_table(text, record) == text, "run: python -m torch_dtr.bench.report --readme"
+    assert f"torch {record['machine'].split('torch ')[1][:4]}, {record['date']}" in text, "the table's conditions"

@@ -274,9 +274,59 @@ def _plot_frontier(name: str, w: dict, path: Path) -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__":  # re-render from a run's JSON: python -m torch_dtr.bench.report docs/benchmarks.json
+# ------------------------------------------------------------------ the README's CPU table (issue 55)
+README_BEGIN = "<!-- the CPU table: python -m torch_dtr.bench.report --readme -->"
+_README_COLUMNS = {"gpt2": "GPT-2 {layers}x{width}", "resnet50": "ResNet-{layers}", "lstm": "LSTM loop"}
+
+
+def readme_table(results: dict[str, Any]) -> str:
+    """The README's CPU table, computed from a ``torch-dtr bench`` record (docs/benchmarks.json): step time against
+    plain PyTorch's at no budget, 50% and 30% of plain's peak, and the smallest budget that trains."""
+    ws = {n: w for n, w in results["workloads"].items() if n in _README_COLUMNS and "contenders" in w}
+    head = "| budget (of plain's peak) | " + " | ".join(_README_COLUMNS[n].format(**w["size"]) for n, w in ws.items())
+    rows = [head + " |", "| --- |" + " --- |" * len(ws)]
+    for label, key in (("no eviction (100%)", "torch-dtr 100%"), ("50%", "torch-dtr 50%"), ("30%", "torch-dtr 30%")):
+        cells = []
+        for w in ws.values():
+            cs = w["contenders"]
+            step, plain = cs.get(key, {}).get("step_s"), cs["plain PyTorch"]["step_s"]
+            ratio = float(key.split()[-1].rstrip("%")) / 100
+            cells.append(f"{step / plain:.2f}x" if step and plain else
+                         "below its floor" if w["search"]["min_ratio"] > ratio else "failed")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows.append("| smallest that trains | " + " | ".join(f"{w['search']['min_ratio']:.1%}" for w in ws.values()) + " |")
+    return "\n".join(rows)
+
+
+def readme_with_table(readme: str, results: dict[str, Any]) -> str:
+    """``readme`` with the table after ``README_BEGIN`` replaced by ``readme_table(results)``."""
+    if README_BEGIN not in readme:
+        raise ValueError(f"the README has no line {README_BEGIN!r} to put the CPU table after")
+    head, rest = readme.split(README_BEGIN, 1)
+    lines = rest.lstrip("\n").split("\n")
+    n = 0
+    while n < len(lines) and lines[n].startswith("|"):
+        n += 1
+    return head + README_BEGIN + "\n" + readme_table(results) + "\n" + "\n".join(lines[n:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torch_dtr.bench.report [docs/benchmarks.json]``: re-render benchmarks.md from a run's record;
+    ``--readme [README.md] [docs/benchmarks.json]``: regenerate the README's CPU table from it."""
     import json
     import sys
 
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/benchmarks.json")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--readme"]:
+        path = Path(args[1] if len(args) > 1 else "README.md")
+        record = Path(args[2] if len(args) > 2 else "docs/benchmarks.json")
+        path.write_text(readme_with_table(path.read_text(), json.loads(record.read_text())))
+        print(f"{path}: the CPU table regenerated from {record}")
+        return 0
+    src = Path(args[0] if args else "docs/benchmarks.json")
     print(write(json.loads(src.read_text()), src.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
