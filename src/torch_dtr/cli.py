@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="add a host tier with this copy bandwidth in GB/s (e.g. 12 for PCIe 3.0 x16): evicted values "
                         "are copied there when that is cheaper than recomputing them")
     s.add_argument("--host-budget", default=None, help="bytes the host tier may hold (default: unlimited), e.g. 8GiB")
+    s.add_argument("--smallest", action="store_true",
+                   help="a trace: find the smallest budget at which the iteration trains (bisection over replays)")
+    s.add_argument("--max-overhead", type=float, default=2.0,
+                   help="with --smallest: a budget trains only if recomputation keeps the step within this multiple "
+                        "of one pass (default 2.0; 0: any)")
     r = sub.add_parser("record", help="run a PyTorch script and trace one training iteration, for torch-dtr simulate",
                        usage="torch-dtr record --out TRACE [--iteration N] [--kind trace|log [--costs time|model]] "
                              "SCRIPT [ARGS ...]")
@@ -87,6 +92,12 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
         from .core.errors import parse_budget
 
         host = None if args.host_budget is None else parse_budget(args.host_budget)
+        if args.smallest:
+            from .sim.command import smallest
+
+            if args.max_overhead != 0 and not args.max_overhead >= 1:
+                p.error(f"--max-overhead must be >= 1 (or 0: any), got {args.max_overhead}")
+            return smallest(args.log, args.policy, args.max_overhead or None, args.format)
         return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines,
                         args.swap_gbps, host)
     if args.cmd == "record":

@@ -197,6 +197,10 @@ def test_torch_dtr_record_traces_the_second_iteration_and_simulate_replays_it(tm
     full, low = json.loads(p.stdout)
     assert full["status"] == "ok" and full["overhead"] == 1.0 and full["peak_bytes"] == summary["peak_bytes"]
     assert low["status"] == "ok" and low["evictions"] > 0 and low["peak_bytes"] <= low["budget"]
+    p = _cli("simulate", str(out), "--smallest", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    (best,) = json.loads(p.stdout)
+    assert 0 < best["budget"] < summary["peak_bytes"] and best["overhead"] <= 2.0
     p = _cli("record", "--out", str(out), "--costs", "model", str(script))
     assert p.returncode == 2 and "--costs is for --kind log" in p.stderr
 
@@ -217,3 +221,20 @@ def test_a_script_without_the_asked_iteration_says_so(tmp_path):
             pytest.raises(RuntimeError, match="enabled a torch-dtr session of its own"):
         trace_script(str(own), [], tmp_path / "t.trace", iteration=1)
     assert not torch_dtr.enabled()
+
+
+def test_the_smallest_budget_the_replay_finds_is_where_the_live_session_trains(tmp_path):
+    from torch_dtr.sim.trace import smallest_trace_budget
+
+    path = tmp_path / "step.trace"
+    step = _fresh(_gpt2)
+    with torch_dtr.enable(trace=path):
+        step()
+    trace = read_trace(path)
+    tol = 4096
+    budget, o = smallest_trace_budget(trace, max_overhead=None, tolerance=tol)
+    assert o.status == "ok" and o.budget == budget < trace_peak(trace)
+    assert _live(_gpt2, budget) == ("ok", o.evictions, o.rematerializations)
+    assert _live(_gpt2, budget - tol) == ("oom",)
+    with pytest.raises(ValueError, match="max_overhead must be >= 1"):
+        smallest_trace_budget(trace, max_overhead=0.5)

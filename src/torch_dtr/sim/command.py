@@ -14,7 +14,7 @@ from ..deps import need
 from . import log as _log
 from .baselines import sqrt_checkpoint
 from .replay import Outcome, no_eviction_peak, simulate
-from .trace import FORMAT, Trace, read_trace, simulate_trace, trace_peak
+from .trace import FORMAT, Trace, read_trace, simulate_trace, smallest_trace_budget, trace_peak
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
@@ -100,6 +100,32 @@ def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outc
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def smallest(path: str, policies: Sequence[str] | None, max_overhead: float | None, fmt: str) -> int:
+    """``torch-dtr simulate TRACE --smallest``: the smallest budget at which the traced iteration trains, per policy."""
+    if not is_trace(path):
+        print("torch-dtr simulate: --smallest needs a trace (torch-dtr record), not an operator log", file=sys.stderr)
+        return 2
+    trace = read_trace(path)
+    peak = trace_peak(trace)
+    rows = []
+    for p in policies or [trace.options.get("policy", DEFAULT_POLICY)]:
+        get_policy(p)
+        budget, o = smallest_trace_budget(trace, p, max_overhead=max_overhead)
+        rows.append({"policy": o.policy, "budget": budget, "ratio": budget / peak, "peak": peak,
+                     "overhead": o.overhead, "evictions": o.evictions, "rematerializations": o.rematerializations})
+    if fmt == "json":
+        print(json.dumps(rows, indent=1))
+        return 0
+    limit = "any overhead" if max_overhead is None else f"overhead at most {max_overhead:g}"
+    print(f"trace {path}: no-eviction peak {fmt_bytes(peak)}; the smallest budget that trains ({limit}), to a "
+          f"thousandth of the peak:")
+    for r in rows:
+        print(f"  {r['policy']}: {r['budget']} B ({fmt_bytes(r['budget'])}, {r['ratio']:.1%} of the peak), overhead "
+              f"{r['overhead']:.3f}, {r['evictions']} evictions, {r['rematerializations']} recomputations: "
+              f"torch_dtr.enable(budget={r['budget']})")
+    return 0
 
 
 def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | None, fmt: str,

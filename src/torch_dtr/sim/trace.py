@@ -299,3 +299,31 @@ def trace_peak(trace: Trace) -> int:
                  banish_depth=trace.options.get("banish_depth", 2))
     TraceReplay(trace, rt, None).run()
     return rt.memory.peak
+
+
+def smallest_trace_budget(trace: Trace, policy: str | Policy | None = None, *, max_overhead: float | None = THRASH_AT,
+                          tolerance: int | None = None) -> tuple[int, Outcome]:
+    """The smallest budget at which ``trace`` trains, by bisection between the single-op floor (below it no schedule
+    runs) and the no-eviction peak: a budget that trains (its outcome returned) with one ``tolerance`` bytes below
+    it that does not (default: a thousandth of the peak). ``max_overhead``: only a replay whose overhead stays
+    within it counts as training (None: any). Feasibility is not monotonic in the budget for a dynamic policy, so a
+    smaller budget may train too; the one found is where the replay, and so the live session (rule 2), trains."""
+    if max_overhead is not None and not max_overhead >= 1:
+        raise ValueError(f"torch_dtr: max_overhead must be >= 1 (a multiple of one pass), got {max_overhead!r}")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, int) or tolerance < 1):
+        raise ValueError(f"torch_dtr: tolerance must be an int >= 1 (bytes), got {tolerance!r}")
+    rt = Runtime(None, policy or trace.options.get("policy", DEFAULT_POLICY), lazy_tracking=True,
+                 banish_depth=trace.options.get("banish_depth", 2))
+    TraceReplay(trace, rt, None).run()
+    peak, floor = rt.memory.peak, rt.floor
+    tol = tolerance if tolerance is not None else max(1, peak // 1000)
+    best = simulate_trace(trace, policy, budget=peak, thrash_at=max_overhead)
+    lo, hi = max(0, floor - 1), peak
+    while hi - lo > tol:
+        mid = (lo + hi) // 2
+        o = simulate_trace(trace, policy, budget=mid, thrash_at=max_overhead)
+        if o.status == "ok":
+            hi, best = mid, o
+        else:
+            lo = mid
+    return hi, best
