@@ -314,3 +314,15 @@ def test_the_size_and_cost_caches_stay_bounded_when_a_scalar_changes_every_call(
             x * (1.0 + i / 100_000)
         counters = native.stats()
     assert 0 < counters["size_cache"] <= 20_000 and 0 < counters["cost_cache"] <= 20_000
+
+
+@needs_native
+def test_a_budget_error_says_how_to_find_a_budget_for_the_whole_step():
+    """Issue 51's complaint (a dozen tries, each suggestion covering only the op that failed): the message names
+    the route to one number for the whole step, a trace replayed by ``torch-dtr simulate --smallest``."""
+    w = torch.randn(256, 256, requires_grad=True)
+    with pytest.raises(torch_dtr.BudgetError) as err, torch_dtr.enable(budget=300_000):
+        (w @ w).tanh().sum().backward()
+    msg = str(err.value)
+    assert "torch_dtr.enable(budget=" in msg and "torch-dtr simulate step.trace --smallest" in msg
+    assert not torch_dtr.enabled()

@@ -65,6 +65,8 @@ class Session:
         return f"<torch_dtr session: {self.front} front end, {'running' if self.active else 'ended'}>"
 
 
+_WHOLE_STEP = (". A budget that holds for a whole training step, in one try: `torch-dtr record --out step.trace "
+               "train.py` (without a budget), then `torch-dtr simulate step.trace --smallest`")
 _CURRENT: Session | None = None  # the running session
 _LAST: Session | None = None  # the running or the last one (stats() after disable())
 _WARNED_FALLBACK = False
@@ -133,7 +135,8 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     else:
         h = native.enable(budget, policy=policy, banish_depth=banish_depth, swap=swap, host_budget=host_budget,
                           swap_gbps=swap_gbps, device=device, grads_in_place=grads_in_place, trace=trace)
-        h.rt.fix = FIX  # a BudgetError names these calls, not torch_dtr.native's
+        # a BudgetError names these calls, not torch_dtr.native's, and how to find a budget for a whole step
+        h.rt.fix = FIX + _WHOLE_STEP
         s = Session("native", h)
         try:
             s.expandable_was = _expandable(h.dev, expandable_segments)
