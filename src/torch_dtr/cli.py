@@ -18,9 +18,32 @@ def _ratios(text: str) -> tuple[float, ...]:
     return vals
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:  # pragma: no cover - torch is a dependency
+        torch = "not installed"
+    return f"torch-dtr {__version__} (torch {torch})"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="torch-dtr", description="Dynamic Tensor Rematerialization for PyTorch")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="torch-dtr", description="Dynamic Tensor Rematerialization for PyTorch: train "
+                                "and run models under a memory budget")
+    p.add_argument("--version", action="version", version=_version())
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    u = sub.add_parser("run", help="run a Python script under a budget, unchanged, and print what torch-dtr did",
+                       usage="torch-dtr run [--budget B] [--swap] [--policy P] SCRIPT [ARGS ...]")
+    u.add_argument("script", help="the Python script to run")
+    u.add_argument("args", nargs=argparse.REMAINDER,
+                   help="arguments for the script (options for torch-dtr go before SCRIPT)")
+    u.add_argument("--budget", default=None, help="bytes or e.g. 8GiB (default: none; on CUDA torch-dtr then evicts "
+                                                  "only when the device runs out of memory)")
+    u.add_argument("--swap", action="store_true", help="a host-memory tier for evicted values")
+    u.add_argument("--policy", default=None, help="the eviction policy (default: dtr_comp)")
     d = sub.add_parser("demo", help="train GPT-2 under budgets and compare memory and time with plain PyTorch")
     d.add_argument("--ratios", type=_ratios, default=(0.5, 0.3),
                    help="budgets as fractions of the unconstrained peak (default 0.5,0.3)")
@@ -76,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--kind log only: each op's TIME measured (default) or modelled from FLOPs and bytes (a "
                         "trace has the modelled costs the live session uses)")
     args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help()
+        return 0
     try:
         return _run(p, args, argv)
     except MissingDependency as e:  # one line naming the extra to install, no traceback
@@ -84,6 +110,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
+    if args.cmd == "run":
+        if args.policy is not None:
+            from .core.policies import get_policy
+
+            try:
+                get_policy(args.policy)
+            except (KeyError, ValueError) as e:
+                p.error(f"--policy: {e}")
+        from .runner import run_script
+
+        return run_script(args.script, args.args, args.budget, swap=args.swap, policy=args.policy)
     if args.cmd == "simulate":
         from .sim.command import main as simulate
 

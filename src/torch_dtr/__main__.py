@@ -1,0 +1,7 @@
+"""``python -m torch_dtr``: the ``torch-dtr`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,66 @@
+"""``torch-dtr run``: any script under a budget, unchanged (issue 53); what torch-dtr did is printed at exit.
+
+    torch-dtr run --budget 8GiB train.py --epochs 3
+
+The script runs as ``__main__`` in this process, with ``torch_dtr.enable(...)`` on in the main thread (worker
+threads join with ``torch_dtr.attach()``, as in any program). On top of the front ends, like the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+from typing import Any
+
+
+def run_script(script: str, argv: list[str], budget: str | None = None, *, swap: bool = False,
+               policy: str | None = None) -> int:
+    """Run ``script`` with ``sys.argv = [script, *argv]`` under ``torch_dtr.enable(budget, swap=..., policy=...)``;
+    returns the exit code the script would have had (1 after a ``BudgetError``, whose message is printed). Prints
+    a summary of the session to stderr at exit."""
+    from . import api
+    from .core import fmt_bytes
+    from .core.errors import BudgetError, parse_budget
+    from .core.policies import DEFAULT_POLICY
+
+    if not os.path.isfile(script):
+        print(f"torch-dtr run: no script {script!r}", file=sys.stderr)
+        return 2
+    try:
+        nbytes = parse_budget(budget)
+    except ValueError as e:
+        print(f"torch-dtr run: --budget: {e}", file=sys.stderr)
+        return 2
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code: Any = 0
+    t0 = time.perf_counter()
+    session = api.enable(nbytes, swap=swap, policy=policy or DEFAULT_POLICY)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except BudgetError as e:
+        print(f"torch-dtr run: {e}", file=sys.stderr)
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+        took = time.perf_counter() - t0
+        mine = api._CURRENT is session  # (the script may have enabled a session of its own)
+        st = api.stats() if mine or not api.enabled() else None
+        api.disable()
+        if st is not None:
+            kept = "no budget" if nbytes is None else f"budget {fmt_bytes(nbytes)}"
+            print(f"torch-dtr run: {script}: {took:.1f} s, {api.front() or 'no'} front end; tracked peak "
+                  f"{fmt_bytes(st.peak_bytes)} ({kept}); {st.evictions} evictions, {st.rematerializations} "
+                  f"recomputations ({st.remat_seconds:.2f} s); single-op floor {fmt_bytes(st.floor_bytes)}",
+                  file=sys.stderr)
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"), as Python prints it
+    return 1
