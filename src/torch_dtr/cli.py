@@ -102,11 +102,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd is None:
         p.print_help()
         return 0
+    if args.cmd == "simulate":
+        from .core.policies import get_policy
+
+        for name in args.policy or ():
+            try:
+                get_policy(name)
+            except ValueError as e:
+                p.error(f"--policy: {e}")
     try:
         return _run(p, args, argv)
     except MissingDependency as e:  # one line naming the extra to install, no traceback
         print(f"torch-dtr {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except (OSError, ValueError) as e:  # a missing file, a malformed log or trace: one line naming it
+        from .sim.log import LogError
+        from .sim.trace import TraceError
+
+        if isinstance(e, (LogError, TraceError)) or (isinstance(e, OSError) and e.filename):
+            print(f"torch-dtr {args.cmd}: {e}", file=sys.stderr)
+            return 2
+        raise
 
 
 def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:

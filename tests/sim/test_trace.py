@@ -238,3 +238,72 @@ def test_the_smallest_budget_the_replay_finds_is_where_the_live_session_trains(t
     assert _live(_gpt2, budget - tol) == ("oom",)
     with pytest.raises(ValueError, match="max_overhead must be >= 1"):
         smallest_trace_budget(trace, max_overhead=0.5)
+
+
+@pytest.fixture(scope="module")
+def small_trace_text(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("trace") / "small.trace"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch_dtr.enable(trace=path):
+        model(torch.randn(8, 16)).square().mean().backward()
+        opt.step()
+    return path.read_text()
+
+
+def test_a_damaged_trace_gets_a_clear_error_never_a_crash(tmp_path, small_trace_text):
+    """A truncated or edited trace: ``read_trace`` and the replay raise ``TraceError`` (the file and the line or
+    row) or replay it; nothing else (hypothesis draws the damage)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from torch_dtr.core import BudgetError
+    from torch_dtr.sim.trace import TraceError
+
+    lines = small_trace_text.splitlines(keepends=True)
+    values = st.one_of(st.integers(-3, 10**6), st.text(max_size=5), st.none(), st.lists(st.integers(0, 50), max_size=3),
+                       st.floats(allow_nan=False, allow_infinity=False))
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(cut=st.integers(0, len(small_trace_text)), line=st.integers(1, len(lines) - 1),
+           field=st.integers(0, 11), value=values, drop=st.integers(1, len(lines) - 1), how=st.integers(0, 2))
+    def damaged(cut, line, field, value, drop, how):
+        text = list(lines)
+        if how == 0:
+            body = small_trace_text[:cut]
+        elif how == 1:  # one field of one row replaced
+            row = json.loads(text[line])
+            row[min(field, len(row) - 1)] = value
+            text[line] = json.dumps(row) + "\n"
+            body = "".join(text)
+        else:  # one row left out
+            del text[drop]
+            body = "".join(text)
+        path = tmp_path / "damaged.trace"
+        path.write_text(body)
+        try:
+            trace = read_trace(path)
+            simulate_trace(trace, budget=10**9, thrash_at=None)
+            simulate_trace(trace, budget=20_000, thrash_at=None)
+        except (TraceError, BudgetError) as e:
+            assert "torch_dtr" in str(e)
+
+    damaged()
+    with pytest.raises(TraceError, match=r"small.trace:\d+: not a JSON row"):
+        (tmp_path / "small.trace").write_text(small_trace_text[:-5])
+        read_trace(tmp_path / "small.trace")
+
+
+def test_simulate_and_record_mistakes_get_one_line(tmp_path, small_trace_text):
+    from torch_dtr.cli import main
+
+    (tmp_path / "cut.trace").write_text(small_trace_text[: len(small_trace_text) // 2])
+    for args, said in ((["simulate", str(tmp_path / "none.trace")], "No such file"),
+                       (["simulate", str(tmp_path / "cut.trace")], "cut.trace:"),
+                       (["record", "--out", str(tmp_path / "x.trace"), str(tmp_path / "none.py")], "No such file")):
+        p = _cli(*args)
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stderr
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", str(tmp_path / "cut.trace"), "--policy", "nope"])
+    assert e.value.code == 2

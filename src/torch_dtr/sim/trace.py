@@ -48,6 +48,11 @@ from .replay import THRASH_AT, Outcome
 #    as ``plain`` bytes but not replayed), the host tier, tenants (one session's calls only).
 
 FORMAT = "torch-dtr trace 1"
+_FIELDS = {"B": 9, "R": 12, "Q": 2, "D": 2, "K": 2, "W": 3, "P": 2, "L": 2}  # each row kind's length (rule 1)
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read or replayed: the message names the file, the line and what is wrong."""
 
 
 class Writer:
@@ -127,7 +132,8 @@ class Trace:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Read a trace written by ``Writer``; a clear error when the file is not one."""
+    """Read a trace written by ``Writer``; ``TraceError`` (the file, the line, what was expected) when it is not
+    one or a line is malformed (a truncated file: its last line)."""
     p = Path(path)
     with p.open() as f:
         first = f.readline()
@@ -136,10 +142,23 @@ def read_trace(path: str | Path) -> Trace:
         except json.JSONDecodeError:
             head = None
         if not isinstance(head, dict) or head.get("format") != FORMAT:
-            raise ValueError(f"torch_dtr: {p} is not a torch-dtr trace (its first line should name {FORMAT!r}); "
+            raise TraceError(f"torch_dtr: {p} is not a torch-dtr trace (its first line should name {FORMAT!r}); "
                              f"traces come from torch_dtr.enable(trace=...) or `torch-dtr record`")
-        rows = [json.loads(line) for line in f if line.strip()]
-    return Trace(str(p), {k: v for k, v in head.items() if k != "format"}, rows)
+        rows = []
+        for n, line in enumerate(f, start=2):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"torch_dtr: {p}:{n}: not a JSON row ({e}); the file may be truncated") from None
+            if not (isinstance(row, list) and row and isinstance(row[0], str) and row[0] in _FIELDS
+                    and len(row) == _FIELDS[row[0]]):
+                raise TraceError(f"torch_dtr: {p}:{n}: expected a row [kind, ...] with kind one of {sorted(_FIELDS)} "
+                                 f"and its fields (B: 9, R: 12, W: 3, the others 2), got {line.strip()[:120]!r}")
+            rows.append(row)
+    options = {k: v for k, v in head.items() if k != "format"}
+    return Trace(str(p), options, rows)
 
 
 class _Recipe:
@@ -200,37 +219,48 @@ class TraceReplay:
         return [(self._s(ins), name) for ins, name in views]
 
     def run(self) -> None:
-        """Replay every row; raises ``BudgetError`` (oom) or ``_Thrash``."""
+        """Replay every row; raises ``BudgetError`` (oom) or ``_Thrash``; ``TraceError`` for a row that does not
+        fit the trace (a storage never made, a field of the wrong type)."""
+        for n, row in enumerate(self.trace.rows):
+            try:
+                self._row(row)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, AssertionError) as e:
+                if isinstance(e, TraceError):
+                    raise
+                # (an InternalError, an AssertionError, is the core refusing a sequence no session makes)
+                raise TraceError(f"torch_dtr: {self.trace.source}: row {n + 1} ({row[0]}) does not fit the trace: "
+                                 f"{type(e).__name__}: {e}") from e
+
+    def _row(self, row: list[Any]) -> None:
         rt, feed = self.rt, self.feed
-        for row in self.trace.rows:
-            kind = row[0]
-            if kind == "B":
-                _, ins, need, name, dead, consts, writes, plain, views = row
-                self.held = feed.before(self._s(ins), need, name, self._s(dead), [(None, k, n) for k, n in consts],
-                                        self._s(writes), 0, self._views(views))
-            elif kind == "R":
-                self._ran(row)
-            elif kind == "Q":
-                feed.queued(self._views(row[1]))
-            elif kind == "D":
-                for s in self._s(row[1]):
-                    rt.drop_ref(s)
-            elif kind == "K":
-                for key, nbytes in row[1]:
-                    if self.consts.pop(key, None) is not None:
-                        rt.remove_constant(nbytes)
-                    feed.readers.pop(key, None)
-            elif kind == "W":
-                feed.written(row[1], row[2])
-            elif kind == "P":
-                for s in self._s(row[1]):
-                    if not s.resident:
-                        rt.rematerialize(s)
-                    rt.pin(s)
-            elif kind == "L":
-                held, self.held = self.held, None
-                if held is not None:
-                    rt.release(held[0] if isinstance(held, tuple) else held)
+        kind = row[0]
+        if kind == "B":
+            _, ins, need, name, dead, consts, writes, plain, views = row
+            self.held = feed.before(self._s(ins), need, name, self._s(dead), [(None, k, n) for k, n in consts],
+                                    self._s(writes), 0, self._views(views))
+        elif kind == "R":
+            self._ran(row)
+        elif kind == "Q":
+            feed.queued(self._views(row[1]))
+        elif kind == "D":
+            for s in self._s(row[1]):
+                rt.drop_ref(s)
+        elif kind == "K":
+            for key, nbytes in row[1]:
+                if self.consts.pop(key, None) is not None:
+                    rt.remove_constant(nbytes)
+                feed.readers.pop(key, None)
+        elif kind == "W":
+            feed.written(row[1], row[2])
+        elif kind == "P":
+            for s in self._s(row[1]):
+                if not s.resident:
+                    rt.rematerialize(s)
+                rt.pin(s)
+        elif kind == "L":
+            held, self.held = self.held, None
+            if held is not None:
+                rt.release(held[0] if isinstance(held, tuple) else held)
 
     def _ran(self, row: list[Any]) -> None:
         _, name, cost, ins, nbytes, recipe, read, wrote, dead, plain, views, outs = row
