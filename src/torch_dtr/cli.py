@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
     b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
     b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 3, quick 1)")
-    s = sub.add_parser("simulate", help="replay a trace (torch-dtr record) or an operator log under budgets through the "
-                                        "runtime's core and policies")
+    s = sub.add_parser("simulate", help="replay a trace (torch-dtr record) or an operator log under budgets "
+                                        "through the runtime's core and policies")
     s.add_argument("log", help="a trace written by torch-dtr record, or an operator log (the DTR prototype's format)")
     s.add_argument("--policy", action="append", help="policy name (repeatable; default: the default policy)")
     s.add_argument("--ratios", type=_ratios, default=None,

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 _REPLACED = ("torch_dtr: {script} enabled a torch-dtr session of its own, which ended the traced one (the trace is cut "
              "short); trace the script as plain PyTorch (without its torch_dtr.enable() call)")
 

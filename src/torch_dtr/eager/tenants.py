@@ -1,6 +1,6 @@
 """Tenants: several models trained or served side by side in one session, each under its share of the budget.
 ``tenant_of`` and ``rebalance`` serve both front ends: a session (the Python front end's ``Front``, the compiled one's
-``Session``) has ``dev``, ``total``, ``tenants``, ``shares``, ``spawn()``, and ``set_budget(n)``, which evicts to fit."""
+``Session``) has ``dev``, ``total``, ``tenants``, ``shares``, ``spawn()``, and ``set_budget(n)`` (evicts to fit)."""
 
 from __future__ import annotations
 
