@@ -8,7 +8,6 @@ import torch
 
 import torch_dtr
 
-
 STEPS = 6
 
 
