@@ -156,6 +156,10 @@ def read_trace(path: str | Path) -> Trace:
                     and len(row) == _FIELDS[row[0]]):
                 raise TraceError(f"torch_dtr: {p}:{n}: expected a row [kind, ...] with kind one of {sorted(_FIELDS)} "
                                  f"and its fields (B: 9, R: 12, W: 3, the others 2), got {line.strip()[:120]!r}")
+            if row[0] == "R" and (isinstance(row[2], bool) or not isinstance(row[2], (int, float))
+                                  or not 0 <= row[2] < float("inf")):
+                raise TraceError(f"torch_dtr: {p}:{n}: an op's cost (field 3) must be a number of seconds >= 0, got "
+                                 f"{row[2]!r}")
             rows.append(row)
     options = {k: v for k, v in head.items() if k != "format"}
     return Trace(str(p), options, rows)
@@ -224,7 +228,7 @@ class TraceReplay:
         for n, row in enumerate(self.trace.rows):
             try:
                 self._row(row)
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError, AssertionError) as e:
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, AssertionError, ArithmeticError) as e:
                 if isinstance(e, TraceError):
                     raise
                 # (an InternalError, an AssertionError, is the core refusing a sequence no session makes)
