@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch_dtr
-from torch_dtr.core import Policy, Runtime, Storage
+from torch_dtr.core import BudgetError, Policy, Runtime, Storage
 from torch_dtr.core.policies import register
 from torch_dtr.core.trackers import TRACKERS, Tracker, register_tracker
-from torch_dtr.sim.trace import THRASH_AT, BudgetError, TraceReplay, read_trace, trace_peak
+from torch_dtr.sim.trace import THRASH_AT, TraceReplay, read_trace, trace_peak
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trace_vs_live import RATIOS, workloads  # noqa: E402

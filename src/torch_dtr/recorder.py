@@ -11,8 +11,6 @@ A PyTorch driver of the simulator's input, so it sits on top of both ``eager/`` 
 from __future__ import annotations
 
 import os
-import runpy
-import sys
 import threading
 import time
 import weakref
@@ -28,6 +26,7 @@ from .eager import front as _front
 from .eager.costs import model_cost
 from .eager.funcinfo import info
 from .eager.recipe import flat_outputs
+from .runner import run_main
 from .sim.log import Result, Writer
 
 # NOTE [ Recording ]
@@ -342,21 +341,13 @@ def record_script(script: str, argv: list[str], out: str, iteration: int = 2, co
             rec[0] = last[0] = record(out, costs=costs).__enter__()
 
     handle = register_optimizer_step_post_hook(step_hook)
-    old_argv, old_path = sys.argv, list(sys.path)
-    sys.argv = [script, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         rec[0].__enter__()
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except _Stop:
-            pass
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise
+        code = run_main(script, argv, _Stop)
+        if code not in (None, 0):
+            raise SystemExit(code)
     finally:
         handle.remove()
-        sys.argv, sys.path[:] = old_argv, old_path
         stop_current()
     n = steps[0]
     summary = {**last[0].summary(), "iteration": iteration, "steps": n, "complete": n >= iteration,

@@ -15,6 +15,25 @@ import time
 from typing import Any
 
 
+def run_main(script: str, argv: list[str], stop: type[BaseException] | None = None) -> Any:
+    """Run ``script`` as ``__main__``, as ``python script *argv`` would (``sys.argv``, its folder first on
+    ``sys.path``; both restored after); returns its exit code (None: it ended, or raised ``stop``)."""
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return e.code
+    except BaseException as e:
+        if stop is not None and isinstance(e, stop):
+            return None
+        raise
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    return None
+
+
 def run_script(script: str, argv: list[str], budget: str | None = None, *, swap: bool = False,
                policy: str | None = None) -> int:
     """Run ``script`` with ``sys.argv = [script, *argv]`` under ``torch_dtr.enable(budget, swap=..., policy=...)``;
@@ -33,21 +52,15 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
     except ValueError as e:
         print(f"torch-dtr run: --budget: {e}", file=sys.stderr)
         return 2
-    old_argv, old_path = sys.argv, list(sys.path)
-    sys.argv = [script, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code: Any = 0
     t0 = time.perf_counter()
     session = api.enable(nbytes, swap=swap, policy=policy or DEFAULT_POLICY)
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        code = e.code
+        code = run_main(script, argv)
     except BudgetError as e:
         print(f"torch-dtr run: {e}", file=sys.stderr)
         code = 1
     finally:
-        sys.argv, sys.path[:] = old_argv, old_path
         took = time.perf_counter() - t0
         mine = api._CURRENT is session  # (the script may have enabled a session of its own)
         st = api.stats() if mine or not api.enabled() else None

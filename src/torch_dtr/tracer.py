@@ -5,9 +5,6 @@ any budget to the decisions a live session would make. On top of the front ends 
 
 from __future__ import annotations
 
-import os
-import runpy
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ def trace_script(script: str, argv: list[str], out: str | Path, iteration: int =
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from . import api, native
+    from .runner import run_main
     from .sim.trace import read_trace, trace_peak
 
     if iteration < 1:
@@ -56,22 +54,14 @@ def trace_script(script: str, argv: list[str], out: str | Path, iteration: int =
             start()
 
     handle = register_optimizer_step_post_hook(step_hook)
-    old_argv, old_path = sys.argv, list(sys.path)
-    sys.argv = [script, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         if iteration == 1:
             start()
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except _Stop:
-            pass
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise
+        code = run_main(script, argv, _Stop)
+        if code not in (None, 0):
+            raise SystemExit(code)
     finally:
         handle.remove()
-        sys.argv, sys.path[:] = old_argv, old_path
         api.disable()
     n = steps[0]
     if replaced():

@@ -7,6 +7,7 @@ object) and the clock advances by the logged op times instead of measured ones.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -237,18 +238,31 @@ def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | 
     """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known).
     ``live_order``: bring inputs back as the live runtime does instead of as the DTR authors' simulator did.
     ``swap_gbps``: a host tier with this bandwidth (GB/s; rule 8), holding at most ``host_budget`` bytes."""
-    if (ratio is None) == (budget is None):
-        raise ValueError("torch_dtr: give exactly one of ratio= (e.g. 0.5) or budget= (bytes) to simulate()")
-    if ratio is not None:
-        if not 0 < ratio:
-            raise ValueError(f"torch_dtr: ratio must be > 0, got {ratio}; e.g. ratio=0.5")
-        budget = int(ratio * (peak if peak is not None else no_eviction_peak(log)))
+    budget = budget_for(ratio, budget, lambda: peak if peak is not None else no_eviction_peak(log), "simulate")
     if swap_gbps is not None:
         if not swap_gbps > 0:
             raise ValueError(f"torch_dtr: swap_gbps must be > 0 (GB/s), got {swap_gbps}; e.g. 12 for PCIe 3.0 x16")
         runtime_options["tier"] = Tier(host_budget, bandwidth=swap_gbps, out_free=swap_out_free)  # GB/s = B/ns
     rt = Runtime(budget, policy, **runtime_options)
     rp = Replay(log, rt, thrash_at, live_order)
+    return outcome(rp, rt, rp.base_ns, ratio, budget, swap_gbps)
+
+
+def budget_for(ratio: float | None, budget: int | None, peak: Callable[[], int], fn: str) -> int | None:
+    """The budget of a replay given exactly one of ``ratio`` (x ``peak()``) and ``budget`` (bytes)."""
+    if (ratio is None) == (budget is None):
+        raise ValueError(f"torch_dtr: give exactly one of ratio= (e.g. 0.5) or budget= (bytes) to {fn}()")
+    if ratio is not None:
+        if not 0 < ratio:
+            raise ValueError(f"torch_dtr: ratio must be > 0, got {ratio}; e.g. ratio=0.5")
+        return int(ratio * peak())
+    return budget
+
+
+def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int | None,
+            swap_gbps: float | None = None) -> Outcome:
+    """Run the replay ``rp`` (of a log or a trace) on ``rt`` and say how it went; ``base``: the op cost that
+    recomputation is measured against (rule 7)."""
     status, error = "ok", ""
     t0 = time.perf_counter()
     try:
@@ -258,7 +272,7 @@ def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | 
     except _Thrash:
         status = "thrash"
     wall = time.perf_counter() - t0
-    base = rp.base_ns or 1
+    base = base or 1
     return Outcome(
         policy=rt.policy.name, ratio=ratio, budget=budget, status=status,
         overhead=(base + rt.remat_cost + rt.swap_cost) / base, evictions=rt.evictions, drops=rt.drops,

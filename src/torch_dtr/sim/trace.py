@@ -10,15 +10,14 @@ replays it through the same ``Feed`` and ``Runtime`` the live session runs.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..core import DEFAULT_POLICY, BudgetError, Policy, Runtime, Storage
+from ..core import DEFAULT_POLICY, Policy, Runtime, Storage
 from ..core.feed import Feed
-from .replay import THRASH_AT, Outcome
+from .replay import THRASH_AT, Outcome, _Thrash, budget_for, outcome
 
 # NOTE [ Traces ]
 #
@@ -177,10 +176,6 @@ class _Recipe:
         return [True] * len(self.op.outputs)
 
 
-class _Thrash(Exception):
-    pass
-
-
 class TraceReplay:
     """Drives a ``Feed`` from a ``Trace`` (rule 3)."""
 
@@ -299,32 +294,12 @@ def simulate_trace(trace: Trace, policy: str | Policy | None = None, *, ratio: f
                    **runtime_options: Any) -> Outcome:
     """Replay ``trace`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known), with the
     traced session's policy and banishing depth unless given."""
-    if (ratio is None) == (budget is None):
-        raise ValueError("torch_dtr: give exactly one of ratio= (e.g. 0.5) or budget= (bytes) to simulate_trace()")
-    if ratio is not None:
-        if not 0 < ratio:
-            raise ValueError(f"torch_dtr: ratio must be > 0, got {ratio}; e.g. ratio=0.5")
-        budget = int(ratio * (peak if peak is not None else trace_peak(trace)))
+    budget = budget_for(ratio, budget, lambda: peak if peak is not None else trace_peak(trace), "simulate_trace")
     policy = policy or trace.options.get("policy", DEFAULT_POLICY)
     runtime_options.setdefault("banish_depth", trace.options.get("banish_depth", 2))
     rt = Runtime(budget, policy, lazy_tracking=True, **runtime_options)
     rp = TraceReplay(trace, rt, thrash_at)
-    status, error = "ok", ""
-    t0 = time.perf_counter()
-    try:
-        rp.run()
-    except BudgetError as e:
-        status, error = "oom", str(e)
-    except _Thrash:
-        status = "thrash"
-    wall = time.perf_counter() - t0
-    base = rp.base or 1.0
-    return Outcome(
-        policy=rt.policy.name, ratio=ratio, budget=budget, status=status,
-        overhead=(base + rt.remat_cost + rt.swap_cost) / base, evictions=rt.evictions, drops=rt.drops,
-        rematerializations=rt.rematerializations, accesses=rt.scored, peak_bytes=rt.memory.peak, ops=rt.ops,
-        wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
-    )
+    return outcome(rp, rt, rp.base, ratio, budget)
 
 
 def trace_peak(trace: Trace) -> int:
