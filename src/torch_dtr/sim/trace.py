@@ -60,7 +60,6 @@ class Writer:
     def __init__(self, path: str | Path, options: dict[str, Any]) -> None:
         self.path = Path(path)
         self.file: TextIO | None = self.path.open("w")
-        self.ops = 0
         self.line({"format": FORMAT, **options})
 
     def line(self, row: Any) -> None:
@@ -82,7 +81,6 @@ class Writer:
     def ran(self, name: str, cost: float, ins: list[Storage], nbytes: list[int], recipe: bool, read: list[int],
             wrote: tuple[Storage, str, Any] | None, dead: list[Storage], plain: int, views: Any,
             outs: list[Storage]) -> None:
-        self.ops += 1
         w = None if wrote is None else [wrote[0].sid, wrote[1], wrote[2] is not None]
         self.line(["R", name, cost, _sids(ins), list(nbytes), recipe, list(read), w, _sids(dead), plain, _views(views),
                    _sids(outs)])
