@@ -319,10 +319,13 @@ def test_the_size_and_cost_caches_stay_bounded_when_a_scalar_changes_every_call(
 @needs_native
 def test_a_budget_error_says_how_to_find_a_budget_for_the_whole_step():
     """Issue 51's complaint (a dozen tries, each suggestion covering only the op that failed): the message names
-    the route to one number for the whole step, a trace replayed by ``torch-dtr simulate --smallest``."""
+    the route to one number for the whole step: the step learned in the session (NOTE [ Learned budgets ]), or,
+    where the session does not learn, a trace replayed by ``torch-dtr simulate --smallest``."""
     w = torch.randn(256, 256, requires_grad=True)
-    with pytest.raises(torch_dtr.BudgetError) as err, torch_dtr.enable(budget=300_000):
-        (w @ w).tanh().sum().backward()
-    msg = str(err.value)
-    assert "torch_dtr.enable(budget=" in msg and "torch-dtr simulate step.trace --smallest" in msg
-    assert not torch_dtr.enabled()
+    routes = ((True, "torch_dtr.stats().learned_budget"), (False, "torch-dtr simulate step.trace --smallest"))
+    for learn, route in routes:
+        with pytest.raises(torch_dtr.BudgetError) as err, torch_dtr.enable(budget=300_000, learn=learn):
+            (w @ w).tanh().sum().backward()
+        msg = str(err.value)
+        assert f"torch_dtr.enable(budget={err.value.budget})" in msg and route in msg, (learn, msg)
+        assert not torch_dtr.enabled()

@@ -87,7 +87,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
            banish_depth: int | None = None, device: Any = None, swap: bool | str = False,
            host_budget: int | str | None = None, swap_gbps: float | None = None,
            expandable_segments: bool | None = None, grads_in_place: bool = True, trace: str | os.PathLike | None = None,
-           **python_options: Any) -> Session:
+           learn: bool = True, **python_options: Any) -> Session:
     """Manage every op of this thread from here on: keep memory within ``budget`` (bytes or ``"3GiB"``) by evicting
     and recomputing. Returns the session (a context manager: ``with torch_dtr.enable(...):``).
 
@@ -103,7 +103,9 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     does (the compiled front end; the Python one cannot). ``front``: NOTE [ Choosing the front end ]; the Python
     front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``remat``, ``sync_every``) choose it.
     ``trace``: write every call into the core to this file (the compiled front end), for ``torch-dtr simulate`` to
-    replay at other budgets (NOTE [ Traces ])."""
+    replay at other budgets (NOTE [ Traces ]). ``learn``: trace the first two optimizer steps in memory, so that
+    ``stats().learned_budget`` and a BudgetError name a budget for a whole step (the compiled front end without a
+    device; NOTE [ Learned budgets ])."""
     global _CURRENT, _LAST
     front = _front_of(front)
     if expandable_segments not in (None, True, False):
@@ -113,7 +115,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     if unknown:
         raise TypeError(f"torch_dtr.enable() got unexpected keyword argument(s) {unknown}; its options: budget, "
                         f"front, policy, banish_depth, device, swap, host_budget, swap_gbps, expandable_segments, "
-                        f"grads_in_place, trace, and the Python front end's {sorted(_PYTHON_ONLY)}")
+                        f"grads_in_place, trace, learn, and the Python front end's {sorted(_PYTHON_ONLY)}")
     python_asked = [f"{k}={v!r}" for k, v in python_options.items() if v != _PYTHON_ONLY[k]]
     if front == "native" and python_asked:
         raise ValueError(f"torch_dtr: {', '.join(python_asked)} needs the Python front end, and front='native' was "
@@ -134,9 +136,11 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
         s = Session("python")
     else:
         h = native.enable(budget, policy=policy, banish_depth=banish_depth, swap=swap, host_budget=host_budget,
-                          swap_gbps=swap_gbps, device=device, grads_in_place=grads_in_place, trace=trace)
-        # a BudgetError names these calls, not torch_dtr.native's, and how to find a budget for a whole step
-        h.rt.fix = FIX + _WHOLE_STEP
+                          swap_gbps=swap_gbps, device=device, grads_in_place=grads_in_place, trace=trace,
+                          learn=learn)
+        # a BudgetError names these calls, not torch_dtr.native's, and how to find a budget for a whole step where
+        # the session does not learn it (NOTE [ Learned budgets ])
+        h.rt.fix = FIX + ("" if h.learner is not None else _WHOLE_STEP)
         s = Session("native", h)
         try:
             s.expandable_was = _expandable(h.dev, expandable_segments)
@@ -283,6 +287,8 @@ def stats(tenant: str | None = None) -> Stats:
         st = h.rt.stats()
     if not h.active and _LAST is not None and _LAST.handle is main and h is main:
         st = dataclasses.replace(st, budget_bytes=_LAST.budget)
+    if h is main and h.marks:  # NOTE [ Learned budgets ] 2 (a replay: outside the kernel's lock)
+        st = dataclasses.replace(st, traced_steps=h.traced_steps(), learned_budget=h.learned_budget())
     return st
 
 

@@ -12,106 +12,16 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from steps import PROGRAMS, Step, fresh, gpt2
 
 import torch_dtr
 from torch_dtr.sim.trace import read_trace, simulate_trace, trace_peak
 
 pytestmark = pytest.mark.skipif(not torch_dtr.native.available(), reason="traces come from the compiled front end")
 
-Step = Callable[[], None]
-
-
-def _mlp() -> Step:
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU()) for _ in range(6)],
-                                torch.nn.Linear(128, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(256, 128), torch.randint(0, 10, (256,))
-
-    def step() -> None:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return step
-
-
-def _cnn() -> Step:  # batch norm's running statistics are written by the managed forward
-    layers: list[torch.nn.Module] = []
-    for c_in, c_out in ((3, 16), (16, 16), (16, 32)):
-        layers += [torch.nn.Conv2d(c_in, c_out, 3, padding=1), torch.nn.BatchNorm2d(c_out), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(8, 3, 24, 24), torch.randint(0, 10, (8,))
-
-    def step() -> None:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return step
-
-
-def _lstm_cells() -> Step:  # many small ops, a loop over time
-    cell, head = torch.nn.LSTMCell(64, 64), torch.nn.Linear(64, 64)
-    opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
-    xs = torch.randn(24, 16, 64)
-
-    def step() -> None:
-        h = c = torch.zeros(16, 64)
-        loss = torch.zeros(())
-        for x in xs:
-            h, c = cell(x, (h, c))
-            loss = loss + head(h).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return step
-
-
-def _moe() -> Step:  # routing: which rows reach which expert depends on the data
-    gate = torch.nn.Linear(64, 4)
-    experts = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
-                                                      torch.nn.Linear(128, 64)) for _ in range(4))
-    opt = torch.optim.SGD([*gate.parameters(), *experts.parameters()], lr=0.01)
-    x = torch.randn(256, 64)
-
-    def step() -> None:
-        h = x
-        for _ in range(2):
-            weights, chosen = gate(h).softmax(-1).topk(2, dim=-1)
-            out = torch.zeros_like(h)
-            for e, expert in enumerate(experts):
-                rows, slot = (chosen == e).nonzero(as_tuple=True)
-                out = out.index_add(0, rows, expert(h[rows]) * weights[rows, slot, None])
-            h = h + out
-        h.square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return step
-
-
-def _gpt2() -> Step:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64)
-    model = transformers.GPT2LMHeadModel(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 256, (4, 64))
-
-    def step() -> None:
-        model(ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return step
-
-
-def _fresh(make: Callable[[], Step]) -> Step:
-    """The program with the same weights, inputs and random state every time, after one plain warm-up step."""
-    torch.manual_seed(0)
-    step = make()
-    step()
-    return step
-
 
 def _live(make: Callable[[], Step], budget: int) -> tuple:
-    step = _fresh(make)
+    step = fresh(make)
     try:
         with torch_dtr.enable(budget=budget):
             step()
@@ -121,10 +31,10 @@ def _live(make: Callable[[], Step], budget: int) -> tuple:
     return ("ok", st.evictions, st.rematerializations)
 
 
-@pytest.mark.parametrize("make", [_mlp, _cnn, _lstm_cells, _moe, _gpt2])
+@pytest.mark.parametrize("make", PROGRAMS)
 def test_a_traced_iteration_replays_to_the_live_sessions_decisions_at_every_budget(tmp_path, make):
     path = tmp_path / "step.trace"
-    step = _fresh(make)
+    step = fresh(make)
     with torch_dtr.enable(budget=None, trace=path):
         step()
         live_peak = torch_dtr.stats().peak_bytes
@@ -227,15 +137,15 @@ def test_the_smallest_budget_the_replay_finds_is_where_the_live_session_trains(t
     from torch_dtr.sim.trace import smallest_trace_budget
 
     path = tmp_path / "step.trace"
-    step = _fresh(_gpt2)
+    step = fresh(gpt2)
     with torch_dtr.enable(trace=path):
         step()
     trace = read_trace(path)
     tol = 4096
     budget, o = smallest_trace_budget(trace, max_overhead=None, tolerance=tol)
     assert o.status == "ok" and o.budget == budget < trace_peak(trace)
-    assert _live(_gpt2, budget) == ("ok", o.evictions, o.rematerializations)
-    assert _live(_gpt2, budget - tol) == ("oom",)
+    assert _live(gpt2, budget) == ("ok", o.evictions, o.rematerializations)
+    assert _live(gpt2, budget - tol) == ("oom",)
     with pytest.raises(ValueError, match="max_overhead must be >= 1"):
         smallest_trace_budget(trace, max_overhead=0.5)
 

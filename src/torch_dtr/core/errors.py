@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import numbers
 import re
+from typing import Any
 
 
 class BudgetError(RuntimeError):
-    """The budget cannot be kept: everything that could be evicted has been, and the op still does not fit."""
+    """The budget cannot be kept: everything that could be evicted has been, and the op still does not fit.
+    ``budget``: the one budget the message suggests trying (bytes), or None."""
+
+    def __init__(self, message: str = "", budget: int | None = None) -> None:
+        super().__init__(message)
+        self.budget = budget
+
+    def __reduce__(self) -> Any:
+        return type(self), (str(self), self.budget)
 
 
 class ConstantChangedError(RuntimeError):

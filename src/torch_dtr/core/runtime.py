@@ -235,16 +235,29 @@ class Stats:
     swaps_in: int = 0
     host_bytes: int = 0
     host_peak_bytes: int = 0
+    # a front end that learns the program (NOTE [ Learned budgets ]): the optimizer steps it traced, and the smallest
+    # budget at which their replay trains (None: nothing learned)
+    traced_steps: int = 0
+    learned_budget: int | None = None
 
 
 # how a BudgetError says to raise the budget (``Runtime.fix``: a front end puts its own calls there; {n}: bytes)
 FIX = "torch_dtr.enable(budget={n}), or `with torch_dtr.budget({n}):` for a scope inside a running session"
 
 
-def _suggest(need: float, fix: str = FIX) -> str:
-    """The fix a ``BudgetError`` suggests: a budget 10% above ``need`` (never below the floor it quotes)."""
-    n = math.ceil(need * 1.1)
-    return f"Raise the budget, e.g. to {fmt_bytes(n)}: {fix.format(n=n)}."
+# ``Runtime.advise``: given the budget a BudgetError would suggest, a better one for the whole program and why (a
+# front end that traced the program: NOTE [ Learned budgets ] in native/session.py), or None
+Advise = Callable[[int], tuple[int, str] | None]
+
+
+def _suggest(need: float, fix: str = FIX, advise: Advise | None = None) -> tuple[int, str]:
+    """The one budget a ``BudgetError`` suggests (its ``budget``) and the sentence that says so: 10% above ``need``
+    (never below the floor), or what ``advise`` returns for it."""
+    n, why = math.ceil(need * 1.1), "10% above what this op needs; it covers the program up to here only"
+    better = advise(n) if advise is not None else None
+    if better is not None:
+        n, why = better
+    return n, f"Budget to try: {fmt_bytes(n)} ({n} B; {why}): {fix.format(n=n)}."
 
 
 def _sid(s: Storage) -> int:
@@ -333,6 +346,7 @@ class Runtime:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
         self.fix = FIX  # the calls a BudgetError suggests (the native front end names its own)
+        self.advise: Advise | None = None  # a better budget to suggest (``_suggest``)
         self.remat = remat  # how evicted ancestors are brought back (rematerialize)
         self.banish_depth = banish_depth  # NOTE [ Banishing ]; 0 (the default): never
         self.banished = 0  # recipes dropped by banishing
@@ -1020,25 +1034,24 @@ class Runtime:
             if self.headroom:
                 outside += (f", and {fmt_bytes(self.headroom)} is kept free for what the allocator counted "
                             f"beyond torch-dtr's count between two queries")
+        n, fix = _suggest(max(need, self.floor), self.fix, self.advise)
         raise BudgetError(
             f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept: "
             f"{fmt_bytes(held)} cannot be evicted (constants {fmt_bytes(mem.constants)}, "
             f"locked by the op in flight and recomputations {fmt_bytes(locked)}, pinned or kept "
             f"{fmt_bytes(mem.tracked - mem.constants - locked)}{outside}) and {where or 'the op'} needs "
             f"{fmt_bytes(nbytes)} more; "
-            f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here.{floor} "
-            f"{_suggest(max(need, self.floor), self.fix)}"
-        )
+            f"a budget of at least {fmt_bytes(need)} ({need} B) is needed here.{floor} {fix}", budget=n)
 
     def _raise_undone(self, roots: Sequence[Storage], ran: int, planned: int) -> None:
         need = sum(r.nbytes for r in roots)
+        n, fix = _suggest(max(self.budget or 0, self.floor) * 1.15, self.fix, self.advise)
         raise BudgetError(
             f"torch_dtr: budget {fmt_bytes(self.budget or 0)} ({self.budget} B) cannot be kept while bringing back "
             f"{len(roots)} evicted value(s) of {fmt_bytes(need)}: their plan of {planned} recomputations needs more "
             f"than the budget while it holds its values, and without holding them the policy evicted them again "
             f"before their readers ran ({ran} recomputations, then it gave up; constants "
-            f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). "
-            f"{_suggest(max(self.budget or 0, self.floor) * 1.15, self.fix)}")
+            f"{fmt_bytes(self.memory.constants)}, single-op floor so far {fmt_bytes(self.floor)}). {fix}", budget=n)
 
     def track(self) -> None:
         """Start the policy's tracker now (NOTE [ Lazy tracking ]): tell it every evicted storage, oldest first.

@@ -197,7 +197,7 @@ def available() -> bool:
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY, banish_depth: int | None = None,
            swap: bool | str = False, host_budget: int | str | None = None, swap_gbps: float | None = None,
-           device: Any = None, grads_in_place: bool = True, trace: str | Path | None = None) -> Any:
+           device: Any = None, grads_in_place: bool = True, trace: str | Path | None = None, learn: bool = True) -> Any:
     """Manage this thread's ops with the compiled front end under ``budget`` (bytes or "2GiB"); returns the
     session (``.rt`` is its core runtime). ``swap``, ``host_budget``, ``swap_gbps``: the host tier, as
     ``torch_dtr.enable`` takes them (rule 6); ``banish_depth`` as there (default 2, or 0 with a host tier at
@@ -205,7 +205,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     current CUDA device where CUDA is available, else none: the budget bounds the values this front end counts).
     ``grads_in_place``: autograd sums a value's gradients into one tensor in place, as in plain PyTorch (rule 9;
     False: into a new tensor per term, as under the Python front end, which makes the same decisions then).
-    ``trace``: a file to write every call into the core to, for ``torch_dtr.sim.trace`` (NOTE [ Traces ])."""
+    ``trace``: a file to write every call into the core to, for ``torch_dtr.sim.trace`` (NOTE [ Traces ]).
+    ``learn``: trace the first steps in memory to learn the program's smallest budget (NOTE [ Learned budgets ])."""
     global _SESSION
     import torch
 
@@ -253,18 +254,24 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     s = Session(ext, nbytes, policy, banish_depth, None if make_tier is None else make_tier(), device, make_tier)
     s.active = True
     _SESSION = s
-    if trace is not None:
+    learn = bool(learn) and device is None  # NOTE [ Learned budgets ] 4
+    if trace is not None or learn:
         from ..sim.trace import Writer
+        from .session import LEARN_ROWS
 
-        s.trace_to(Writer(trace, {"policy": policy_name, "banish_depth": banish_depth, "budget": nbytes,
-                                  "grads_in_place": bool(grads_in_place)}))
+        w = Writer(trace, {"policy": policy_name, "banish_depth": banish_depth, "budget": nbytes,
+                           "grads_in_place": bool(grads_in_place)}, LEARN_ROWS if learn else 0)
+        if learn:
+            s.learn(w)
+        else:
+            s.trace_to(w)
     from ..eager import fsdp
 
     _step_hooks(ext)
     s.unwrap_fsdp = fsdp.wrap(lambda: s if s.active else None)  # NOTE [ Resharded parameters ]
     s.unwatch = watch(s)  # NOTE [ Unmanaged regions ]
     s.epoch = ext.start(s, -1 if nbytes is None else nbytes)
-    ext.set_trace(trace is not None)
+    ext.set_trace(s.trace is not None)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
     ext.set_retry(device is not None)  # rule 8

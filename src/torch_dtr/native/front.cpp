@@ -1906,7 +1906,9 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
       if (it != P.seen.end() && !it->second.read) it->second.read = true;
       read.append(py::int_(reinterpret_cast<intptr_t>(si)));
     }
-  if (writing && cost == 0 && !known) {  // a write's cost (fresh outputs set it above)
+  // a write's cost (fresh outputs set it above); while tracing, a write kept in place too: under another budget the
+  // replay may keep it as a version, whose recipe costs what it costs live (NOTE [ Traces ] 2)
+  if ((writing || (g_trace && mode != kNoWrite)) && cost == 0 && !known) {
     cost = model_cost();
     if (cacheable) bounded(g_costs).emplace(key, cost);
   }
@@ -2122,6 +2124,15 @@ int64_t start_session(py::object session, int64_t budget, bool tenant) {
   return p->epoch;
 }
 int64_t start(py::object session, int64_t budget) { return start_session(std::move(session), budget, false); }
+// session `epoch`'s per-op calls read again from it (its `before` and `ran` changed: a trace ended)
+void rebind(int64_t epoch) {
+  Lock lock;
+  TORCH_CHECK(epoch >= 0 && epoch < static_cast<int64_t>(g_ctx->size()), "torch_dtr native: no session ", epoch);
+  Py* p = (*g_ctx)[epoch];
+  TORCH_CHECK(!p->session.is_none(), "torch_dtr native: session ", epoch, " has ended");
+  p->before = p->session.attr("before");
+  p->ran = p->session.attr("ran");
+}
 int64_t start_tenant(py::object session, int64_t budget) { return start_session(std::move(session), budget, true); }
 
 // this thread's ops run on session `epoch` (a tenant; -1: the running session); returns the one they ran on
@@ -2268,6 +2279,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   g_recipe_call = new py::object(m.attr("_recipe_call"));
   m.def("claim", &claim);
   m.def("start", &start);
+  m.def("rebind", &rebind);
   m.def("stop", &stop);
   m.def("forget", &forget);
   m.def("set_budget", &set_budget);

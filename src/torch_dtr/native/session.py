@@ -22,6 +22,28 @@ from ..core.policies import Policy
 from ..eager.costs import model_cost
 from ..eager.device import OutOfMemory
 
+# NOTE [ Learned budgets ]
+#
+# 1. What: a session without a device traces its own calls into the core (NOTE [ Traces ] in sim/trace.py), in
+#    memory, from enable() to the end of the ``LEARN_STEPS``-th optimizer step; then it stops tracing, and the
+#    kernel's per-op path is the one of an untraced session again (``ext.rebind``, ``set_trace(False)``). A program
+#    with no optimizer step stops being traced after ``LEARN_ROWS`` rows and learns nothing.
+# 2. ``learned_budget()`` (``stats().learned_budget``): from the stretch traced up to the end of the last step
+#    traced, the smallest budget at which its replay trains within ``THRASH_AT`` x one pass, plus 5% where the
+#    replay trains there too (sim/trace.py, ``learned_budget``; NOTE [ Traces ] 5 says why the margin). By
+#    NOTE [ Traces ] 2 a session enabled with it where this one was enabled makes the replay's decisions, so it
+#    trains that stretch: one retry is enough where the program repeats itself.
+# 3. A BudgetError quotes one budget (``BudgetError.budget``; core ``Runtime.advise``): that one where it is above
+#    the budget that failed; before any traced step ended, the one learned (rule 2) from the trace so far (the op
+#    that failed included) replays, or 10% above that op's need where more, and it says that the rest of the
+#    step may need more. Where the traced steps trained at the failing budget, the program left them (other
+#    shapes, another branch): the op's own need, as without a trace.
+# 4. Not learned: with a device (its allocator is not replayed: rule 4 there), in tenants (their calls are
+#    theirs). The first steps run slower while traced (the kernel calls the core ahead of every op).
+
+LEARN_STEPS = 2
+LEARN_ROWS = 100_000
+
 
 @contextlib.contextmanager
 def _locked(ext: Any) -> Iterator[None]:
@@ -50,6 +72,13 @@ class Session:
         self.session: Session | None = None
         self._options = (policy, banish_depth, make_tier)
         self.trace: Any = None  # a sim.trace.Writer while the session's calls into the core are traced
+        # NOTE [ Learned budgets ]: the writer keeping its rows, the row count at each step's end, the stretch
+        # traced once LEARN_STEPS steps ended, and the last smallest budget computed (row count, bytes)
+        self.learner: Any = None
+        self.marks: list[int] = []
+        self.learned: Any = None
+        self._smallest: tuple[int, int] | None = None
+        self._traced_calls: Any = None
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=DroppingMemory(), banish_depth=banish_depth, lazy_tracking=True,
@@ -121,6 +150,81 @@ class Session:
         if self.dev is not None and self.rt.budget is not None:
             self.rt.sync()
             self.ext.forget_room()
+        if self.learner is not None and self.learned is None:
+            self._step_traced()
+
+    # ------------------------------------------------------------------ NOTE [ Learned budgets ]
+    def learn(self, writer: Any) -> None:
+        """Trace this session's calls into ``writer`` (one that keeps its rows; before ``ext.start``) to learn the
+        program's smallest budget (rule 1)."""
+        self.learner = writer
+        writer.rows_kept = self._rows_kept
+        self.rt.advise = self._advise
+        self.trace_to(writer)
+
+    def _rows_kept(self) -> None:
+        """The writer kept all the rows it may (rule 1): no step ended in them."""
+        self._stop_learning()
+
+    def _step_traced(self) -> None:
+        rows = self.learner.rows
+        if rows is None:
+            return
+        self.marks.append(len(rows))
+        if len(self.marks) >= LEARN_STEPS:
+            self.learned = self.learner.trace(self.marks[-1])
+            self._stop_learning()
+
+    def _stop_learning(self) -> None:
+        w = self.learner
+        w.rows = None
+        if self.trace is w and w.file is None:  # tracing only to learn: the untraced per-op path again
+            feed = self.feed
+            self.trace = None
+            self._traced_calls = (self.before, self.ran)  # (alive while the kernel may still be inside one)
+            self.before, self.ran, self.queued = feed.before, feed.ran, feed.queued
+            if self.active:
+                self.ext.rebind(self.epoch)
+                self.ext.set_trace(False)
+
+    def traced_steps(self) -> int:
+        return len(self.marks)
+
+    def learned_budget(self, so_far: bool = False) -> int | None:
+        """Rule 2: the smallest budget at which the stretch traced up to the last step's end replays (``so_far``:
+        all the rows traced, a step or not); None before a step ended, or where nothing was learned."""
+        from ..sim.trace import learned_budget
+
+        if self.learned is not None:
+            tr = self.learned
+        elif self.learner is not None and (so_far or self.marks):
+            tr = self.learner.trace(None if so_far else self.marks[-1])
+        else:
+            tr = None
+        if tr is None or not tr.rows:
+            return None
+        if self._smallest is None or self._smallest[0] != len(tr.rows):
+            self._smallest = (len(tr.rows), learned_budget(tr))
+        return self._smallest[1]
+
+    def _advise(self, n: int) -> tuple[int, str] | None:
+        """The budget a BudgetError quotes (rule 3; the core's ``Runtime.advise``), given the core's own ``n``."""
+        try:
+            steps = len(self.marks)
+            whole = self.learned_budget()
+            if whole is not None:
+                if self.rt.budget is not None and whole <= self.rt.budget:
+                    return None
+                return whole, (f"the budget learned from the {steps} step(s) this session traced (the smallest at "
+                               f"which their replay trains, and 5%): torch_dtr.stats().learned_budget")
+            so_far = self.learned_budget(so_far=True)
+        except Exception:  # (never hide the BudgetError behind a failed replay)
+            return None
+        if so_far is None:
+            return None
+        return max(so_far, n), ("what the program up to here needs, by the replay of this session's trace of it; the "
+                                "rest of the step may need more: after one step without a budget, "
+                                "torch_dtr.stats().learned_budget holds for the whole step")
 
     def pin(self, storages: list[Storage]) -> None:
         """An op returned a tensor without a strided storage (sparse, nested) that may hold these inside it, where
