@@ -1131,3 +1131,17 @@ def test_an_op_that_outgrows_its_meta_kernel_is_reserved_at_its_real_size_after_
     assert s["peak_bytes"] <= 12_000_000 and s["sizes_fell_short"] == short  # (counted per process)
     assert all(torch.equal(a, b) for a, b in zip(want, first, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(want, second, strict=True))
+
+
+def test_an_op_on_a_sparse_csr_input_runs_under_a_budget_and_while_learning():
+    """Its size cannot be predicted with meta tensors (sparse CSR has no strides): unsized, not a crash."""
+    a = torch.randn(8, 8).to_sparse_csr()
+    b, c = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    ref = torch.sparse.sampled_addmm(a, b, c).to_dense()
+    for options in ({"budget": 10**7, "learn": False}, {"budget": None, "learn": True}):
+        native.enable(**options)
+        try:
+            got = torch.sparse.sampled_addmm(a, b, c).to_dense()
+        finally:
+            native.disable()
+        assert torch.equal(got, ref), options

@@ -898,11 +898,15 @@ int64_t ask_sizes(const char* fn, const c10::OperatorHandle& op, const torch::ji
   Below b;  // a data rule's own ops on the inputs run plain
   py::list args;
   py::dict kwargs;
-  for (size_t i = start; i < stack.size(); ++i) {
-    py::object a = torch::jit::toPyObject(meta ? to_meta(stack[i]) : stack[i]);
-    const auto& arg = op.schema().arguments()[i - start];
-    if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
-    else args.append(a);
+  try {
+    for (size_t i = start; i < stack.size(); ++i) {
+      py::object a = torch::jit::toPyObject(meta ? to_meta(stack[i]) : stack[i]);
+      const auto& arg = op.schema().arguments()[i - start];
+      if (arg.kwarg_only()) kwargs[py::str(arg.name())] = a;
+      else args.append(a);
+    }
+  } catch (const c10::Error&) {  // an input no meta tensor can stand for (sparse CSR: no strides): as unsized
+    return 0;
   }
   try {
     return size_rules().attr(fn)(f.name, py::tuple(args), kwargs).cast<int64_t>();
