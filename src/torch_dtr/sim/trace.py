@@ -46,11 +46,11 @@ from .replay import THRASH_AT, Outcome, _Thrash, budget_for, outcome
 #    ``thrash`` and ``oom`` as NOTE [ Replaying a log ] 7 says.
 # 4. What it does not replay: a device's allocator (what plain ops allocate, out-of-memory retries: recorded
 #    as ``plain`` bytes but not replayed), the host tier, tenants (one session's calls only).
-# 5. Where rule 2 falls short: a traced session tells the core each handle's death at once, a live one under a
-#    budget with its next call, and the order can change whether a dead value is freed or kept for a recipe that
-#    still reads it (an LSTM cell's loop, tests/sim/test_learned.py: the live run failed just above the smallest
-#    budget the replay found, and trained 5% above it). So a budget learned from a trace (``learned_budget``) keeps
-#    ``MARGIN`` above the smallest one.
+# 5. Where rule 2 falls short: on an LSTM cell's loop (tests/sim/test_learned.py) the live run failed just above
+#    the smallest budget the replay found, and trained 5% above it. The first difference: a value whose last
+#    handle died was freed for good in the replay and kept live for a recipe that still read it, as when deaths are
+#    told in another order (a traced session tells each at once, a live one under a budget with its next call);
+#    not yet fixed. So a budget learned from a trace (``learned_budget``) keeps ``MARGIN`` above the smallest one.
 
 FORMAT = "torch-dtr trace 1"
 _FIELDS = {"B": 9, "R": 12, "Q": 2, "D": 2, "K": 2, "W": 3, "P": 2, "L": 2}  # each row kind's length (rule 1)
