@@ -160,13 +160,9 @@ class Session:
         """Trace this session's calls into ``writer`` (one that keeps its rows; before ``ext.start``) to learn the
         program's smallest budget (rule 1)."""
         self.learner = writer
-        writer.rows_kept = self._rows_kept
+        writer.rows_kept = self._stop_learning  # it kept all the rows it may, and no step ended in them (rule 1)
         self.rt.advise = self._advise
         self.trace_to(writer)
-
-    def _rows_kept(self) -> None:
-        """The writer kept all the rows it may (rule 1): no step ended in them."""
-        self._stop_learning()
 
     def _step_traced(self) -> None:
         rows = self.learner.rows

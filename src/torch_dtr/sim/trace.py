@@ -62,7 +62,7 @@ class TraceError(ValueError):
 
 class Writer:
     """Writes a session's calls into the core (rule 1) to ``path``, and keeps them in ``rows`` (up to ``keep`` rows,
-    then ``rows`` is None: rule 5); ``close()`` at the end."""
+    then ``rows`` is None: NOTE [ Learned budgets ] 1 in native/session.py); ``close()`` at the end."""
 
     def __init__(self, path: str | Path | None, options: dict[str, Any], keep: int = 0) -> None:
         self.path = None if path is None else Path(path)
