@@ -40,8 +40,9 @@ from ..eager.device import OutOfMemory
 #    shapes, another branch): the op's own need, as without a trace.
 # 4. Not learned: with a device (its allocator is not replayed: rule 4 there), in tenants (their calls are
 #    theirs). The first steps run slower while traced (the kernel calls the core ahead of every op and the writer
-#    keeps a row): about 6 us per managed op on a 2-core CPU (2026-11-29; two steps of small test programs
-#    1.14-1.64x, nothing measurable where ops take milliseconds); ``learn=False`` where that matters.
+#    keeps a row): 5-13 us per managed op on a 2-core CPU (2026-11-29, ``python benchmarks/learn_cost.py``: two
+#    steps of an LSTM-cell loop 1.54x, of a small MLP 1.28x; nothing measurable where ops take milliseconds);
+#    ``learn=False`` where that matters.
 
 LEARN_STEPS = 2
 LEARN_ROWS = 100_000
