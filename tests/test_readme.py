@@ -50,6 +50,12 @@ def test_readme_is_short_and_has_no_history() -> None:
     assert not re.search(r"\bissue \d+", text, re.I), "issue numbers belong in the issue tracker"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_no_doc_is_over_25_kb(path: Path) -> None:
+    n = len(path.read_bytes())
+    assert n < 25_000, f"docs/{path.name} is {n} bytes; keep every doc under 25 KB (history belongs in git)"
+
+
 def test_design_doc_is_short_and_has_no_history() -> None:
     text = (ROOT / "docs" / "design.md").read_text()
     assert len(text.encode()) < 20_000, f"docs/design.md is {len(text.encode())} bytes; keep it under 20 KB"

@@ -1894,7 +1894,11 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     const c10::Device dev = handles[0]->slot->impl->device();
     for (auto& fr : fresh) replayable &= fr.slot->impl->device() == dev;
   }
+  // while tracing, a write kept in place that a version of would replay says so (recipe False, which the core
+  // ignores for a write kept in place): a replay under another budget may keep it as a version (NOTE [ Traces ] 2)
+  const bool would = g_trace && mode == kOther && fresh.empty() && f.replayable && !opaque && !f.unannotated;
   py::object recipe = py::none();
+  if (would) recipe = py::bool_(false);
   if (replayable) {
     if (writing) {
       rec->written = static_cast<int64_t>(wrote[0].second);
@@ -1904,7 +1908,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     recipe = recipe_of(std::move(rec));
   }
   Lazy read;
-  if (replayable)
+  if (replayable || would)
     for (auto* si : reads) {
       auto it = P.seen.find(si);
       if (it != P.seen.end() && !it->second.read) it->second.read = true;

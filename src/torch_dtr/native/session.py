@@ -30,7 +30,7 @@ from ..eager.device import OutOfMemory
 #    with no optimizer step stops being traced after ``LEARN_ROWS`` rows and learns nothing.
 # 2. ``learned_budget()`` (``stats().learned_budget``): from the stretch traced up to the end of the last step
 #    traced, the smallest budget at which its replay trains within ``THRASH_AT`` x one pass, plus 5% where the
-#    replay trains there too (sim/trace.py, ``learned_budget``; NOTE [ Traces ] 5 says why the margin). By
+#    replay trains there too (sim/trace.py, ``learned_budget``; NOTE [ Traces ] 5: for the steps after them). By
 #    NOTE [ Traces ] 2 a session enabled with it where this one was enabled makes the replay's decisions, so it
 #    trains that stretch: one retry is enough where the program repeats itself.
 # 3. A BudgetError quotes one budget (``BudgetError.budget``; core ``Runtime.advise``): that one where it is above
@@ -214,8 +214,10 @@ class Session:
             if whole is not None:
                 if self.rt.budget is not None and whole <= self.rt.budget:
                     return None
+                from ..sim import trace
+
                 return whole, (f"the budget learned from the {steps} step(s) this session traced (the smallest at "
-                               f"which their replay trains, and 5%): torch_dtr.stats().learned_budget")
+                               f"which their replay trains, and {trace.MARGIN:.0%}): torch_dtr.stats().learned_budget")
             so_far = self.learned_budget(so_far=True)
         except Exception:  # (never hide the BudgetError behind a failed replay)
             return None
