@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--cap", default=None, help="cuda/sim: the memory cap for the largest-batch runs, e.g. 16GiB "
                                                "(default: plain PyTorch's max_memory_reserved at the base batch)")
     b.add_argument("--quick", action="store_true", help="tiny sizes, one round: a few minutes on 2 cores")
-    b.add_argument("--out", default="docs", help="directory for benchmarks.md, benchmarks.json and img/ (default docs)")
+    b.add_argument("--out", default="torch-dtr-bench",
+                   help="directory for benchmarks.md, benchmarks.json and img/ (default ./torch-dtr-bench; the "
+                        "project's own records: --out docs from a checkout)")
     b.add_argument("--rounds", type=int, default=None, help="interleaved rounds per contender (default 3, quick 1)")
     s = sub.add_parser("simulate", help="replay a trace (torch-dtr record) or an operator log under budgets "
                                         "through the runtime's core and policies")
@@ -72,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="budgets as fractions of the no-eviction peak (default 0.1,0.2,...,1.0)")
     s.add_argument("--format", choices=("table", "json"), default="table")
     s.add_argument("--plot", default=None, help="write a PNG of overhead vs budget ratio here")
-    s.add_argument("--baselines", action="store_true", help="also replay sqrt(n) checkpointing")
+    s.add_argument("--baselines", action="store_true",
+                   help="an operator log: also replay sqrt(n) checkpointing, and solve the exact optimum (Checkmate's "
+                        "ILP with HiGHS) at each ratio where the log has at most 130 nodes (seconds each)")
+    s.add_argument("--ilp-seconds", type=float, default=10.0,
+                   help="with --baselines: the time limit of each exact solve (default 10; at the limit the best "
+                        "schedule found is shown with its gap)")
     s.add_argument("--swap-gbps", type=float, default=None,
                    help="add a host tier with this copy bandwidth in GB/s (e.g. 12 for PCIe 3.0 x16): evicted values "
                         "are copied there when that is cheaper than recomputing them")
@@ -112,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--policy: {e}")
     try:
         return _run(p, args, argv)
+    except BrokenPipeError:  # the output piped into `head`: stop quietly, as other commands do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except MissingDependency as e:  # one line naming the extra to install, no traceback
         print(f"torch-dtr {args.cmd}: {e}", file=sys.stderr)
         return 2
@@ -123,6 +135,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torch-dtr {args.cmd}: {e}", file=sys.stderr)
             return 2
         raise
+
+
+def _recorded(script: str, kind: str, done: dict) -> None:
+    """What `torch-dtr record` did, in words, on stderr (its JSON summary goes to stdout)."""
+    what = f"{done['ops']} {'managed ops' if kind == 'trace' else 'ops'}"  # (as `torch-dtr simulate` counts them)
+    if done.get("complete"):
+        how = (f"iteration {done['iteration']} of {script} ({what}); the script was stopped after its optimizer step "
+               f"{done['iteration']}, so what it does later did not run")
+    else:
+        how = f"{script} ({what}): {done.get('note', 'the script ended first')}"
+    print(f"torch-dtr record: wrote {done.get('out') or done.get('path')}: {how}. Replay it: torch-dtr simulate "
+          f"{done.get('out') or done.get('path')}", file=sys.stderr)
 
 
 def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -151,8 +175,10 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
             if args.max_overhead != 0 and not args.max_overhead >= 1:
                 p.error(f"--max-overhead must be >= 1 (or 0: any), got {args.max_overhead}")
             return smallest(args.log, args.policy, args.max_overhead or None, args.format)
+        if not args.ilp_seconds > 0:
+            p.error(f"--ilp-seconds must be > 0, got {args.ilp_seconds}")
         return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines,
-                        args.swap_gbps, host)
+                        args.swap_gbps, host, args.ilp_seconds)
     if args.cmd == "record":
         import json
 
@@ -163,12 +189,13 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
                 p.error("--costs is for --kind log: a trace has the modelled costs the live session uses")
             from .tracer import trace_script
 
-            print(json.dumps(trace_script(args.script, args.args, args.out, args.iteration), indent=1))
-            return 0
-        from .recorder import record_script
+            done = trace_script(args.script, args.args, args.out, args.iteration)
+        else:
+            from .recorder import record_script
 
-        print(json.dumps(record_script(args.script, args.args, args.out, args.iteration, args.costs or "time"),
-                         indent=1))
+            done = record_script(args.script, args.args, args.out, args.iteration, args.costs or "time")
+        print(json.dumps(done, indent=1))
+        _recorded(args.script, args.kind, done)
         return 0
     if args.cmd == "bench":
         command = "torch-dtr " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -138,7 +138,9 @@ def test_cli_simulate_json(tmp_path):
                                                          ("lru", 1.0)]
     assert all({"policy", "ratio", "status", "overhead"} <= set(r) for r in rows)
     assert grid[1]["overhead"] == 1.0 and grid[1]["evictions"] == 0
-    assert [r["policy"] for r in rows if r.get("baseline")][0].startswith("sqrt(n) checkpoints")
+    assert [r["policy"] for r in rows if r.get("baseline")][-1].startswith("sqrt(n) checkpoints")
+    assert [(r["policy"], r["ratio"]) for r in rows if r.get("baseline")][:2] == [("optimum (ILP)", 0.3),
+                                                                                 ("optimum (ILP)", 1.0)]
 
 
 def test_cli_simulate_rejects_a_malformed_log(tmp_path):

@@ -114,7 +114,7 @@ def sqrt_checkpoint(log: Log, peak: int | None = None) -> Outcome:
     wall = time.perf_counter() - t0
     base = rp.base_ns or 1
     return Outcome(
-        policy=f"sqrt(n) checkpoints (every {k}th of {tr.nops} forward ops)", ratio=rt.memory.peak / peak,
+        policy=f"sqrt(n) checkpoints (one in {k} of {tr.nops} forward ops)", ratio=rt.memory.peak / peak,
         budget=None, status="ok", overhead=(base + rt.remat_cost) / base, evictions=rt.evictions, drops=rt.drops,
         rematerializations=rt.rematerializations, accesses=0, peak_bytes=rt.memory.peak, ops=rt.ops,
         wall_seconds=wall, search_seconds=0.0,

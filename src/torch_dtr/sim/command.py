@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,8 @@ from .replay import Outcome, no_eviction_peak, simulate
 from .trace import FORMAT, Trace, read_trace, simulate_trace, smallest_trace_budget, trace_peak
 
 DEFAULT_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+ILP_MAX_NODES = 130  # --baselines solves the exact optimum for logs whose graph has at most this many nodes
+ILP = "optimum (ILP)"
 
 
 def is_trace(path: str | Path) -> bool:
@@ -44,6 +47,36 @@ def run_grid(log: _log.Log | Trace, policies: Sequence[str], ratios: Sequence[fl
     return peak, out
 
 
+def optimum(log: _log.Log, peak: int, ratios: Sequence[float], time_limit: float,
+            progress: bool = False) -> tuple[list[Outcome], str]:
+    """The exact optimum (Checkmate's ILP, ``sim/checkmate.py``) at each ratio x ``peak``, as outcomes whose
+    policy is ``ILP``; none, and a line saying why, where the log's graph is larger than ``ILP_MAX_NODES``.
+    ``status`` "ok" with ``error`` "optimal" or "feasible, gap g" (the time limit hit: an upper bound), "oom"
+    (no schedule exists), "timeout" (none found in the time limit)."""
+    from . import checkmate
+
+    g = checkmate.graph_from_log(log)
+    if g.n > ILP_MAX_NODES:
+        return [], (f"the exact optimum is left out: the log's graph has {g.n} nodes, over the {ILP_MAX_NODES} "
+                    f"the ILP solves in seconds (benchmarks/simulation.py bounds larger ones)")
+    it: Any = ratios
+    if progress:
+        tqdm = need("tqdm", "sim", "progress output of torch-dtr simulate").tqdm
+        it = tqdm(ratios, desc="optimum (ILP)", unit="solve", file=sys.stderr, leave=False)
+    out = []
+    for r in it:
+        b = int(r * peak)
+        sol = checkmate.solve(g, b, time_limit=time_limit)
+        found = sol.R is not None
+        status = "ok" if found else "oom" if sol.status == "infeasible" else "timeout"
+        note = sol.status if sol.status != "feasible" else f"time limit, gap {sol.gap:.3f}"
+        out.append(Outcome(ILP, r, b, status, sol.overhead if found else math.nan, 0, 0,
+                           int(sol.R.sum()) - g.n if found else 0, 0, sol.peak or 0, g.n, sol.seconds, sol.seconds,
+                           error=note))
+    return out, (f"optimum (ILP): Checkmate's ILP on the log's {g.n}-node graph, {time_limit:g} s per solve; exact "
+                 f"over schedules that recompute in the log's order (sim/checkmate.py), so a policy can beat it")
+
+
 def table(log: _log.Log | Trace, peak: int, outcomes: Sequence[Outcome], extra: Sequence[Outcome] = ()) -> str:
     what = (f"trace {log.source}: {log.ops()} managed ops, {log.op_cost() * 1e3:.1f} ms of modelled op time"
             if isinstance(log, Trace) else
@@ -56,6 +89,10 @@ def table(log: _log.Log | Trace, peak: int, outcomes: Sequence[Outcome], extra: 
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
+        if o.policy == ILP:  # no evictions or policy accesses: a schedule (its solve's seconds last)
+            rows.append(f"| {o.policy} | {o.ratio:.2f} | {fmt_bytes(o.budget or 0)} | {o.status} ({o.error}) | "
+                        f"{_ov(o)} | - | {o.rematerializations} | - | - | {o.wall_seconds:.2f} |")
+            continue
         rows.append(f"| {o.policy} | {o.ratio:.2f} | {fmt_bytes(o.budget or 0)} | {o.status} | "
                     f"{_ov(o)} | {o.evictions} | {o.rematerializations} | {o.swaps_out}/{o.swaps_in} | "
                     f"{o.accesses} | {o.wall_seconds:.2f} |")
@@ -66,13 +103,29 @@ def table(log: _log.Log | Trace, peak: int, outcomes: Sequence[Outcome], extra: 
 
 
 def _ov(o: Outcome) -> str:
-    return f"{o.overhead:.3f}" if o.status == "ok" else f"({o.overhead:.2f})"
+    if o.status == "ok":
+        return f"{o.overhead:.3f}"
+    return "-" if math.isnan(o.overhead) else f"({o.overhead:.2f})"
+
+
+_TOP = 2.0  # where the plot marks a run that failed (oom, thrash, no schedule)
 
 
 def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outcome]]],
-         reference: dict[str, dict[float, float]] | None = None) -> None:
-    """One panel per log: overhead vs budget ratio, a line per policy (ok points only), baselines as
-    markers, and optional reference points (``{log: {ratio: overhead}}``)."""
+         reference: dict[str, dict[float, float]] | None = None, title: str | None = None) -> None:
+    """Write ``figure(...)`` to ``path`` (a PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(series, reference, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(series: dict[str, tuple[int, list[Outcome], list[Outcome]]],
+           reference: dict[str, dict[float, float]] | None = None, title: str | None = None) -> Any:
+    """One panel per log: overhead vs budget ratio, a line per policy through the runs that trained, a mark at
+    the top for each that failed, baselines as markers, optional reference points (``{log: {ratio: overhead}}``)
+    and a title over the panels; a matplotlib figure."""
     matplotlib = need("matplotlib", "sim", "torch-dtr simulate --plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -83,23 +136,33 @@ def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outc
         by: dict[str, list[Outcome]] = {}
         for o in outs:
             by.setdefault(o.policy, []).append(o)
-        for pol, os_ in by.items():
+        failed = False
+        for k, (pol, os_) in enumerate(by.items()):
             ok = [o for o in os_ if o.status == "ok"]
-            ax.plot([o.ratio for o in ok], [o.overhead for o in ok], marker="o", ms=3, label=pol)
+            style = {"color": "k", "ls": "--", "marker": "x"} if pol == ILP else {"marker": "o"}
+            line, = ax.plot([o.ratio for o in ok], [o.overhead for o in ok], ms=3, label=pol, **style)
+            bad = [o.ratio for o in os_ if o.status != "ok"]  # a run that failed is marked at the top, not dropped
+            if bad:
+                failed = True
+                ax.scatter(bad, [_TOP - 0.04 * k] * len(bad), marker="v", s=28, color=line.get_color(), zorder=4)
+        if failed:
+            ax.scatter([], [], marker="v", s=28, color="grey", label="failed there (oom, thrash, no schedule)")
         for o in extra:
-            ax.scatter([o.ratio], [o.overhead], marker="s", s=40, zorder=5, label=o.policy.split(" (")[0])
+            y = o.overhead if o.status == "ok" else _TOP
+            ax.scatter([o.ratio], [y], marker="s", s=40, zorder=5, label=o.policy.split(" (")[0])
         if reference and name in reference:
             ref = sorted(reference[name].items())
             ax.plot([r for r, _ in ref], [v for _, v in ref], "k--", lw=1, marker="x", label="reference h_DTR (uf)")
         ax.set_title(name)
         ax.set_xlabel("budget / no-eviction peak")
         ax.set_ylabel("overhead (op time incl. recomputation / op time)")
-        ax.set_ylim(0.98, 2.02)
+        ax.set_ylim(0.98, _TOP + 0.04)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="center right")
+    fig.suptitle(title or "torch-dtr simulate: overhead of each budget (lower is better; v: the run failed there)",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def smallest(path: str, policies: Sequence[str] | None, max_overhead: float | None, fmt: str) -> int:
@@ -129,7 +192,8 @@ def smallest(path: str, policies: Sequence[str] | None, max_overhead: float | No
 
 
 def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | None, fmt: str,
-         plot_path: str | None, baselines: bool, swap_gbps: float | None = None, host_budget: int | None = None) -> int:
+         plot_path: str | None, baselines: bool, swap_gbps: float | None = None, host_budget: int | None = None,
+         ilp_seconds: float = 10.0) -> int:
     traced = is_trace(path)
     if traced and (swap_gbps is not None or baselines):
         print("torch-dtr simulate: a trace replays without a host tier and without baselines for now (NOTE [ Traces ] "
@@ -140,12 +204,26 @@ def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | No
     policies = list(policies or [DEFAULT_POLICY])
     ratios = list(ratios or DEFAULT_RATIOS)
     swap = {} if swap_gbps is None else {"swap_gbps": swap_gbps, "host_budget": host_budget}
-    peak, outs = run_grid(log, policies, ratios, progress=fmt == "table" and sys.stderr.isatty(), **swap)
-    extra = [sqrt_checkpoint(log, peak)] if baselines and isinstance(log, _log.Log) else []
+    progress = fmt == "table" and sys.stderr.isatty()
+    peak, outs = run_grid(log, policies, ratios, progress=progress, **swap)
+    extra: list[Outcome] = []
+    best: list[Outcome] = []
+    said = ""
+    if baselines and isinstance(log, _log.Log):
+        extra = [sqrt_checkpoint(log, peak)]
+        best, said = optimum(log, peak, ratios, ilp_seconds, progress)
     if fmt == "json":
-        print(json.dumps([o.as_dict() for o in outs] + [dict(o.as_dict(), baseline=True) for o in extra], indent=1))
+        print(json.dumps([_json(o.as_dict()) for o in outs]
+                         + [dict(_json(o.as_dict()), baseline=True) for o in best + extra], indent=1))
     else:
-        print(table(log, peak, outs, extra))
+        print(table(log, peak, outs + best, extra))
+        if said:
+            print(f"\n{said}")
     if plot_path:
-        plot(plot_path, {Path(path).stem: (peak, outs, extra)})
+        plot(plot_path, {Path(path).stem: (peak, outs + best, extra)},
+             title=f"torch-dtr simulate {Path(path).name}: overhead of each budget (v: the run failed there)")
     return 0
+
+
+def _json(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
