@@ -2,9 +2,10 @@
 its first steps without a budget, ``stats().learned_budget`` is read, and a fresh session trains the same program
 at that budget (the first retry), its parameters compared with plain PyTorch's bitwise. Then the route without
 a step that finished: a budget of a tenth of the peak, and each BudgetError's ``budget`` tried next, counted until
-the steps train. Writes docs/learned-budgets.md.
+the steps train. Then the test suite's hostile programs and model zoo, once without a budget and once at what that
+session learned (``held_out``). Writes docs/learned-budgets.md.
 
-    python benchmarks/learned_budget.py            # about 3 minutes on 2 cores
+    python benchmarks/learned_budget.py            # about 8 minutes on 2 cores
     python benchmarks/learned_budget.py --quick    # small sizes
     python benchmarks/learned_budget.py --margin 0 # learned budgets without sim/trace.py's MARGIN (printed only)
 """
@@ -14,8 +15,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +139,81 @@ def measure(name: str, make: Program) -> dict[str, Any]:
     return row
 
 
-def write(rows: list[dict[str, Any]], quick: bool, seconds: float) -> Path:
+def held_out() -> list[dict[str, Any]]:
+    """The test suite's hostile programs and model zoo (tests/eager: whole programs, some without an optimizer, and
+    21 architectures for 3 SGD steps): each runs once without a budget, in a session of its own, and again at the
+    ``learned_budget`` that session's stats give once it ended, compared with plain PyTorch bitwise."""
+    sys.path[:0] = [str(ROOT / "tests" / "eager"), str(ROOT / "tests")]
+    import harness
+    import test_programs
+    import zoo
+
+    def under(run: Callable[[], Any], budget: int | None) -> tuple[Any, Any]:
+        with torch_dtr.enable(budget=budget):
+            got = run()
+        return got, torch_dtr.stats()  # (the session that ended)
+
+    cases: list[tuple[str, Callable[[], Any], Callable[[Any, Any], bool]]] = []
+    def equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    for name, prog in test_programs.PROGRAMS.items():
+        cases.append((name, partial(prog, test_programs.Marks(False)), equal))
+    for name, builder in zoo.ZOO.items():
+        cases.append((f"zoo: {name}", partial(harness._train, builder, "sgd", 3), _same_run))
+    rows = []
+    for name, run, same in cases:
+        want = run()
+        _, st = under(run, None)
+        row: dict[str, Any] = {"name": name, "peak": st.peak_bytes, "floor": st.floor_bytes,
+                               "steps": st.traced_steps, "learned": st.learned_budget}
+        if st.learned_budget is not None:
+            try:
+                got, at = under(run, st.learned_budget)
+                row |= {"ok": True, "bitwise": same(got, want), "within": at.peak_bytes <= st.learned_budget,
+                        "evictions": at.evictions}
+            except torch_dtr.BudgetError as e:
+                row |= {"ok": False, "suggests": e.budget}
+        print(f"{name}: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def _same_run(a: Any, b: Any) -> bool:
+    import harness
+
+    try:
+        harness.assert_same(b, a)
+    except AssertionError:
+        return False
+    return True
+
+
+def _held_out_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["", "## Held-out and hostile programs", "",
+             "The test suite's hostile programs (tests/eager/test_programs.py: whole programs, several without an "
+             "optimizer step, where the session learns from all it ran) and its model zoo (tests/eager/zoo.py, 3 SGD "
+             "steps each): one run without a budget, then one at the `learned_budget` of that session, compared with "
+             "plain PyTorch bitwise (losses, gradients, parameters).", "",
+             "| program | steps traced | learned (of peak; of the single-op floor) | first retry at it | bitwise | "
+             "peak within it |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["learned"] is None:
+            lines.append(f"| {r['name']} | {r['steps']} | nothing learned | - | - | - |")
+            continue
+        learned = f"{fmt_bytes(r['learned'])} ({r['learned'] / r['peak']:.0%}; {r['learned'] / r['floor']:.2f}x)"
+        if r["ok"]:
+            lines.append(f"| {r['name']} | {r['steps']} | {learned} | trained | {'yes' if r['bitwise'] else 'NO'} | "
+                         f"{'yes' if r['within'] else 'NO'} |")
+        else:
+            lines.append(f"| {r['name']} | {r['steps']} | {learned} | BudgetError (it quotes "
+                         f"{fmt_bytes(r['suggests'] or 0)}) | - | - |")
+    ok = sum(bool(r.get("ok") and r["bitwise"] and r["within"]) for r in rows)
+    lines += ["", f"{ok} of {len(rows)} trained at the first retry, bitwise, within the budget."]
+    return lines
+
+
+def write(rows: list[dict[str, Any]], quick: bool, seconds: float, others: list[dict[str, Any]]) -> Path:
     lines = ["# A budget in one retry (issue 51)", "",
              f"{datetime.date.today()}, {platform.machine()} CPU ({torch.get_num_threads()} threads), Python "
              f"{platform.python_version()}, torch {torch.__version__}, compiled front end; `python "
@@ -167,6 +244,8 @@ def write(rows: list[dict[str, Any]], quick: bool, seconds: float) -> Path:
               f"quote what the step so far needs (the replay of its trace up to the op that failed): {min(tries)}-"
               f"{max(tries)} tries from a tenth of the peak, because a failing step reads new weights and makes new "
               f"activations after the op that failed, which no trace of it contains."]
+    if others:
+        lines += _held_out_lines(others)
     out = ROOT / "docs" / "learned-budgets.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -175,6 +254,7 @@ def write(rows: list[dict[str, Any]], quick: bool, seconds: float) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-held-out", action="store_true", help="leave out the test suite's programs (4 minutes)")
     ap.add_argument("--margin", type=float, default=None,
                     help=f"a learned budget's margin instead of {trace.MARGIN} (the table is printed, docs/ untouched)")
     args = ap.parse_args()
@@ -182,11 +262,13 @@ def main() -> None:
         trace.MARGIN = args.margin
     t = time.perf_counter()
     rows = [measure(name, make) for name, make in programs(args.quick).items()]
+    others = [] if args.no_held_out else held_out()
     if args.margin is None:
-        print(f"wrote {write(rows, args.quick, time.perf_counter() - t)}")
+        print(f"wrote {write(rows, args.quick, time.perf_counter() - t, others)}")
     else:
         ok = sum(r["retry"]["ok"] and r["retry"]["bitwise"] for r in rows)
-        print(f"margin {args.margin}: the first retry trained {ok} of {len(rows)} programs")
+        ok += sum(bool(r.get("ok") and r["bitwise"] and r["within"]) for r in others)
+        print(f"margin {args.margin}: the first retry trained {ok} of {len(rows) + len(others)} programs")
 
 
 if __name__ == "__main__":

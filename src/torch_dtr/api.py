@@ -103,9 +103,9 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     does (the compiled front end; the Python one cannot). ``front``: NOTE [ Choosing the front end ]; the Python
     front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``remat``, ``sync_every``) choose it.
     ``trace``: write every call into the core to this file (the compiled front end), for ``torch-dtr simulate`` to
-    replay at other budgets (NOTE [ Traces ]). ``learn``: trace the first two optimizer steps in memory, so that
-    ``stats().learned_budget`` and a BudgetError name a budget for a whole step (the compiled front end without a
-    device; NOTE [ Learned budgets ])."""
+    replay at other budgets (NOTE [ Traces ]). ``learn``: trace the first two optimizer steps in memory (a program
+    without an optimizer: all it runs, up to 100k ops), so that ``stats().learned_budget`` and a BudgetError name a
+    budget for what was traced (the compiled front end without a device; NOTE [ Learned budgets ])."""
     global _CURRENT, _LAST
     front = _front_of(front)
     if expandable_segments not in (None, True, False):
@@ -287,7 +287,7 @@ def stats(tenant: str | None = None) -> Stats:
         st = h.rt.stats()
     if not h.active and _LAST is not None and _LAST.handle is main and h is main:
         st = dataclasses.replace(st, budget_bytes=_LAST.budget)
-    if h is main and h.marks:  # NOTE [ Learned budgets ] 2 (a replay: outside the kernel's lock)
+    if h is main and (h.marks or h.learned is not None):  # NOTE [ Learned budgets ] 2 (a replay: outside the lock)
         st = dataclasses.replace(st, traced_steps=h.traced_steps(), learned_budget=h.learned_budget())
     return st
 

@@ -59,7 +59,7 @@ def test_learning_stops_after_its_steps_and_the_per_op_path_is_untraced_again():
         assert len(h.learned.rows) == n and torch_dtr.stats().traced_steps == 2
 
 
-def test_a_program_without_optimizer_steps_stops_being_traced_after_the_rows_kept(monkeypatch):
+def test_a_program_without_optimizer_steps_stops_being_traced_after_the_rows_kept_and_learns_from_them(monkeypatch):
     monkeypatch.setattr(native_session, "LEARN_ROWS", 50)
     w = torch.randn(64, 64, requires_grad=True)
     with torch_dtr.enable(budget=None) as s:
@@ -68,7 +68,33 @@ def test_a_program_without_optimizer_steps_stops_being_traced_after_the_rows_kep
         for _ in range(40):
             x = (x @ w).tanh()
         assert h.trace is None and h.learner.rows is None  # stopped at the rows kept
-        assert torch_dtr.stats().learned_budget is None and torch_dtr.stats().traced_steps == 0
+        st = torch_dtr.stats()
+        assert st.traced_steps == 0 and len(h.learned.rows) == 50  # learned from the rows it kept
+        assert st.floor_bytes <= st.learned_budget <= st.peak_bytes, st
+
+
+def _two_backwards() -> list[torch.Tensor]:
+    """No optimizer: two losses backward through one graph (the first retains it)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(6)])
+    h = net(torch.randn(128, 64))
+    h.square().mean().backward(retain_graph=True)
+    first = [p.grad.clone() for p in net.parameters()]
+    h.abs().mean().backward()
+    return first + [p.grad.clone() for p in net.parameters()]
+
+
+def test_a_program_without_an_optimizer_learns_from_all_it_ran_and_trains_at_the_first_retry():
+    plain = _two_backwards()
+    with torch_dtr.enable(budget=None):
+        _two_backwards()
+    learned = torch_dtr.stats()  # (the session that ended)
+    assert learned.traced_steps == 0 and learned.floor_bytes <= learned.learned_budget < learned.peak_bytes, learned
+    with torch_dtr.enable(budget=learned.learned_budget):
+        got = _two_backwards()
+        st = torch_dtr.stats()
+    assert st.evictions > 0 and st.peak_bytes <= learned.learned_budget, st
+    assert all(torch.equal(a, b) for a, b in zip(got, plain, strict=True)), "not bitwise equal to plain"
 
 
 def test_a_budget_error_quotes_the_learned_budget_once_steps_were_traced():

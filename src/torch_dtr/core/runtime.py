@@ -236,7 +236,7 @@ class Stats:
     host_bytes: int = 0
     host_peak_bytes: int = 0
     # a front end that learns the program (NOTE [ Learned budgets ]): the optimizer steps it traced, and the smallest
-    # budget at which their replay trains (None: nothing learned)
+    # budget at which their replay trains (where no step ended: what it traced; None: nothing learned yet)
     traced_steps: int = 0
     learned_budget: int | None = None
 

@@ -26,8 +26,10 @@ from ..eager.device import OutOfMemory
 #
 # 1. What: a session without a device traces its own calls into the core (NOTE [ Traces ] in sim/trace.py), in
 #    memory, from enable() to the end of the ``LEARN_STEPS``-th optimizer step; then it stops tracing, and the
-#    kernel's per-op path is the one of an untraced session again (``ext.rebind``, ``set_trace(False)``). A program
-#    with no optimizer step stops being traced after ``LEARN_ROWS`` rows and learns nothing.
+#    kernel's per-op path is the one of an untraced session again (``ext.rebind``, ``set_trace(False)``). Where
+#    fewer steps end before ``LEARN_ROWS`` rows or before the session ends, it learns from the stretch up to the
+#    last step's end, or from all it traced where no step ended (a program without an optimizer: inference, one
+#    backward): what it ran, or its first ``LEARN_ROWS`` rows.
 # 2. ``learned_budget()`` (``stats().learned_budget``): from the stretch traced up to the end of the last step
 #    traced, the smallest budget at which its replay trains within ``THRASH_AT`` x one pass, plus 5% where the
 #    replay trains there too (sim/trace.py, ``learned_budget``; NOTE [ Traces ] 5: for the steps after them). By
@@ -161,7 +163,7 @@ class Session:
         """Trace this session's calls into ``writer`` (one that keeps its rows; before ``ext.start``) to learn the
         program's smallest budget (rule 1)."""
         self.learner = writer
-        writer.rows_kept = self._stop_learning  # it kept all the rows it may, and no step ended in them (rule 1)
+        writer.rows_kept = self._learn_what_was_traced  # it kept all the rows it may (rule 1)
         self.rt.advise = self._advise
         self.trace_to(writer)
 
@@ -173,6 +175,13 @@ class Session:
         if len(self.marks) >= LEARN_STEPS:
             self.learned = self.learner.trace(self.marks[-1])
             self._stop_learning()
+
+    def _learn_what_was_traced(self) -> None:
+        """Learning ends before ``LEARN_STEPS`` steps ended (the rows kept ran out, or the session ended): the
+        stretch to learn from is up to the last step's end, or all of it where no step ended (rule 1)."""
+        if self.learned is None and self.learner.rows is not None:
+            self.learned = self.learner.trace(self.marks[-1] if self.marks else None)
+        self._stop_learning()
 
     def _stop_learning(self) -> None:
         w = self.learner
@@ -216,8 +225,9 @@ class Session:
                     return None
                 from ..sim import trace
 
-                return whole, (f"the budget learned from the {steps} step(s) this session traced (the smallest at "
-                               f"which their replay trains, and {trace.MARGIN:.0%}): torch_dtr.stats().learned_budget")
+                what = f"the {steps} step(s) this session traced" if steps else "the ops this session traced first"
+                return whole, (f"the budget learned from {what} (the smallest at which their replay trains, and "
+                               f"{trace.MARGIN:.0%}): torch_dtr.stats().learned_budget")
             so_far = self.learned_budget(so_far=True)
         except Exception:  # (never hide the BudgetError behind a failed replay)
             return None
@@ -336,6 +346,8 @@ class Session:
         family = [self, *self.tenants.values()]
         for s in family:
             s.flush()
+        if self.learner is not None and self.learned is None:
+            self._learn_what_was_traced()
         for s in family:
             s.active = False
         self.ext.stop()

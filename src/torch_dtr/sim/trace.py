@@ -85,11 +85,11 @@ class Writer:
         if rows is not None and type(row) is list:
             rows.append(row)
             if len(rows) >= self.keep:
-                self.rows = None
                 self.rows_kept()
+                self.rows = None
 
     def rows_kept(self) -> None:
-        """Called once when ``keep`` rows were kept (rows is None from then on)."""
+        """Called once when ``keep`` rows were kept (``rows`` still holds them; None from then on)."""
 
     def trace(self, upto: int | None = None) -> Trace | None:
         """The rows kept (the first ``upto``) as a ``Trace``; None when more were written than it keeps."""
