@@ -5,7 +5,7 @@ a step that finished: a budget of a tenth of the peak, and each BudgetError's ``
 the steps train. Then the test suite's hostile programs and model zoo, once without a budget and once at what that
 session learned (``held_out``). Writes docs/learned-budgets.md.
 
-    python benchmarks/learned_budget.py            # about 8 minutes on 2 cores
+    python benchmarks/learned_budget.py            # about 8 minutes on 2 cores (the [test] extra: tests/eager)
     python benchmarks/learned_budget.py --quick    # small sizes
     python benchmarks/learned_budget.py --margin 0 # learned budgets without sim/trace.py's MARGIN (printed only)
 """
