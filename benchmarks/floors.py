@@ -1,6 +1,6 @@
 """Smallest feasible budgets against the single-op floor (issue 13's target: <= 1.25x), per test model.
 
-    python benchmarks/floors.py [--opt sgd] [--models mlp cnn ...] [--remat plan|stack] [--policy P] [--banish N]
+    python benchmarks/floors.py [--opt sgd] [--models mlp cnn ...] [--policy P] [--banish N]
                                 [--out docs/floors.md]
 
 For each model of ``tests/eager/models.py`` (3 training steps, the equivalence tests' harness, one intra-op
@@ -40,7 +40,6 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--opt", default="sgd")
     ap.add_argument("--models", nargs="*")
-    ap.add_argument("--remat", default="plan", choices=("plan", "stack"))
     ap.add_argument("--policy", default=None, help="eviction policy (default: the library's default)")
     ap.add_argument("--banish", type=int, default=None, help="enable(banish_depth=...); 0: never banish "
                     "(default: the library's default)")
@@ -52,7 +51,6 @@ def main() -> int:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    harness.REMAT = a.remat
     harness.POLICY = a.policy
     harness.BANISH = a.banish
     from torch_dtr.core.policies import DEFAULT_POLICY  # noqa: PLC0415
@@ -75,9 +73,9 @@ def main() -> int:
     lines = [
         "# Smallest feasible budgets and the single-op floor",
         "",
-        f"Written by `python benchmarks/floors.py --opt {a.opt} --remat {a.remat} --policy {policy} --banish "
-        f"{banish}` on {datetime.date.today()} (2 CPU cores, one intra-op thread, modelled costs, remat={a.remat}, "
-        f"policy {policy}, banish_depth={banish}). Budgets count constants. The floor is a "
+        f"Written by `python benchmarks/floors.py --opt {a.opt} --policy {policy} --banish {banish}` on "
+        f"{datetime.date.today()} (2 CPU cores, one intra-op thread, modelled costs, policy {policy}, "
+        f"banish_depth={banish}). Budgets count constants. The floor is a "
         "lower bound for any schedule; issue 13's target is a smallest feasible budget <= 1.25x of it.",
         "",
         "| model | peak (KiB) | single-op floor (KiB) | floor / peak | smallest feasible / peak | "

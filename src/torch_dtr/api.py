@@ -39,8 +39,7 @@ from .eager.api import _expandable
 
 FRONTS = ("auto", "native", "python")
 # the Python front end's own options, with their defaults (rule 2)
-_PYTHON_ONLY: dict[str, Any] = {"sample_sqrt": False, "min_evict_bytes": None, "costs": "model", "remat": "plan",
-                                "sync_every": 64}
+_PYTHON_ONLY: dict[str, Any] = {"sample_sqrt": False, "min_evict_bytes": None, "costs": "model", "sync_every": 64}
 
 
 class Session:
@@ -101,7 +100,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     ``expandable_segments``: PyTorch's expandable segments for the session (None: on for CUDA unless
     ``PYTORCH_CUDA_ALLOC_CONF`` names it). ``grads_in_place``: autograd sums gradients in place as plain PyTorch
     does (the compiled front end; the Python one cannot). ``front``: NOTE [ Choosing the front end ]; the Python
-    front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``remat``, ``sync_every``) choose it.
+    front end's own options (``sample_sqrt``, ``min_evict_bytes``, ``costs``, ``sync_every``) choose it.
     ``trace``: write every call into the core to this file (the compiled front end), for ``torch-dtr simulate`` to
     replay at other budgets (NOTE [ Traces ]). ``learn``: trace the first two optimizer steps in memory (a program
     without an optimizer: all it runs, up to 100k ops), so that ``stats().learned_budget`` and a BudgetError name a

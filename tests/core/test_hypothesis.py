@@ -119,11 +119,11 @@ def plan(prog: Program):
 
 
 def execute(prog: Program, steps, values, budget: int | None, safe: int, policy: str, sample: bool,
-            remat: str = "plan", on_step=None, **runtime_options):
+            on_step=None, **runtime_options):
     """Run the program on a runtime; returns (values read, number of accepted BudgetErrors, driver)."""
     if COMPILED:  # (the default: tests/core/test_compiled_core.py runs this folder on the interpreted core)
         pytest.skip("spies on the runtime's methods, which a compiled class does not let a test replace")
-    d = Driver(budget, policy, sample_sqrt=sample, remat=remat, **runtime_options)
+    d = Driver(budget, policy, sample_sqrt=sample, **runtime_options)
     rt = d.rt
     raised_legit: list[bool] = []
     orig = rt._raise_budget
@@ -185,15 +185,14 @@ def execute(prog: Program, steps, values, budget: int | None, safe: int, policy:
     return seen, errors, d
 
 
-def _check_program(prog: Program, frac: float, policy: str, sample: bool, remat: str = "plan",
-                   tier=None, on_step=None) -> None:
+def _check_program(prog: Program, frac: float, policy: str, sample: bool, tier=None, on_step=None) -> None:
     steps, values, _, lo, safe = plan(prog)
-    free_seen, free_err, free = execute(prog, steps, values, None, safe, policy, sample, "plan", on_step)
+    free_seen, free_err, free = execute(prog, steps, values, None, safe, policy, sample, on_step)
     assert free_err == 0 and free.rt.evictions == 0 and free.rt.rematerializations == 0
     peak = free.rt.stats().peak_bytes
     hi = max(peak, lo)
     budget = lo + round(frac * (hi - lo))
-    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, remat, on_step, tier=tier)
+    seen, errors, d = execute(prog, steps, values, budget, safe, policy, sample, on_step, tier=tier)
     assert seen == free_seen
     assert all(v == values[m] for m, v in seen)
     if budget >= safe:
@@ -210,22 +209,21 @@ SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],  # no slow "explain"
 )
-REMAT = ("plan", "stack")  # NOTE [ Planned rematerialization ] and the older locking stack
 FRAC = st.floats(0, 1).map(lambda f: f * f)  # where the budget lies in [lo, peak]: mostly tight
 
 
 @SETTINGS
-@given(programs(multi_output=False), FRAC, st.sampled_from(BUILTIN), st.booleans(), st.sampled_from(REMAT))
-def test_single_output_programs(prog: Program, frac: float, policy: str, sample: bool, remat: str) -> None:
-    _check_program(prog, frac, policy, sample, remat)
+@given(programs(multi_output=False), FRAC, st.sampled_from(BUILTIN), st.booleans())
+def test_single_output_programs(prog: Program, frac: float, policy: str, sample: bool) -> None:
+    _check_program(prog, frac, policy, sample)
 
 
 # Regression (was a bug): fails while _recompute can evict a resident sibling output and then bring it back
 # uncounted (see test_runtime.py::test_multi_output_rematerialization_respects_budget).
 @SETTINGS
-@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans(), st.sampled_from(REMAT))
-def test_multi_output_programs(prog: Program, frac: float, policy: str, sample: bool, remat: str) -> None:
-    _check_program(prog, frac, policy, sample, remat)
+@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans())
+def test_multi_output_programs(prog: Program, frac: float, policy: str, sample: bool) -> None:
+    _check_program(prog, frac, policy, sample)
 
 
 # The eviction search's bound (``Policy.extra_floor``) must not change a single choice: the same program at
@@ -270,6 +268,6 @@ def test_the_inline_score_changes_no_choice(prog: Program, frac: float, policy: 
 # The "comp" tracker (NOTE [ Exact components ]) merges components on eviction and splits them on
 # rematerialization; ``full_check`` compares every component with a fresh walk after every step.
 @SETTINGS
-@given(programs(multi_output=True), FRAC, st.sampled_from(REMAT))
-def test_exact_components_stay_exact(prog: Program, frac: float, remat: str) -> None:
-    _check_program(prog, frac, "dtr_comp", False, remat)
+@given(programs(multi_output=True), FRAC)
+def test_exact_components_stay_exact(prog: Program, frac: float) -> None:
+    _check_program(prog, frac, "dtr_comp", False)

@@ -1,5 +1,5 @@
 """Planned rematerialization (NOTE [ Planned rematerialization ]) and the single-op floor (NOTE [ The
-single-op floor ]), against the older stack that locks what it brought back (``remat="stack"``)."""
+single-op floor ])."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import pytest
 from coredrive import Driver, full_check
 
 from torch_dtr.core import BudgetError
-
-BOTH = ("plan", "stack")
 
 
 def _chain(d: Driver, n: int, size: int, keep_handles: bool):
@@ -40,13 +38,12 @@ def test_the_end_of_an_evicted_chain_comes_back_with_two_storages_beyond_the_con
     full_check(rt)
 
 
-@pytest.mark.parametrize("remat", BOTH)
-def test_a_recurrence_whose_side_inputs_are_older_than_its_chain(remat: str) -> None:
-    # h_t = f(h_{t-1}, x_t), every x_t computed up front (older than every h): the stack recomputes the
-    # oldest input first and holds each x_t locked while the h chain below it is recomputed, so bringing
-    # back h_n needs n x's at once; the plan visits the deeper input (the chain) first and needs O(1).
+def test_a_recurrence_whose_side_inputs_are_older_than_its_chain() -> None:
+    # h_t = f(h_{t-1}, x_t), every x_t computed up front (older than every h): recomputing the oldest input
+    # first would hold each x_t locked while the h chain below it is recomputed, so bringing back h_n would
+    # need n x's at once; the plan visits the deeper input (the chain) first and needs O(1).
     n, size = 40, 8
-    d = Driver(None, "dtr_eq", remat=remat, banish_depth=0)  # the chain is what is measured: keep it whole
+    d = Driver(None, "dtr_eq", banish_depth=0)  # the chain is what is measured: keep it whole
     rt = d.rt
     c = d.const(10, 0)
     xs = [d.op1([c], 1, size, lambda v, k=k: v + k) for k in range(n)]
@@ -62,39 +59,31 @@ def test_a_recurrence_whose_side_inputs_are_older_than_its_chain(remat: str) -> 
     rt.reset_peak()
     assert d.read(hs[-1]) == want
     extra = (rt.memory.peak - 10) // size
-    if remat == "plan":
-        assert extra <= 4, extra
-    else:
-        assert extra >= n, extra  # what the plan fixes
+    assert extra <= 4, extra  # (the older stack, oldest input first, held n = 40)
     full_check(rt)
 
 
 def test_an_op_whose_inputs_do_not_fit_with_locks_is_run_by_one_plan() -> None:
     # o = op(a, z): a resident, z = f(y, w) evicted with y and w (no handles). Locking a first leaves no
     # room to hold y, w and z at once (10 + 8 + 3 * 8 = 42 > 34); the fallback drops the locks, lets the
-    # policy evict a while z is recomputed and brings a back after. The stack mode fails with BudgetError.
-    for remat in BOTH:
-        d = Driver(10 + 3 * 8, "lru", remat=remat)
-        rt = d.rt
-        c = d.const(10, 0)
-        y = d.op1([c], 1, 8, lambda v: v + 1)
-        w = d.op1([c], 1, 8, lambda v: v + 2)
-        z = d.op1([y, w], 1, 8, lambda u, v: u + v)
-        rt.drop_ref(y)  # dropped: evicted at once (z's recipe reads them)
-        rt.drop_ref(w)
-        rt.evict(z)
-        a = d.op1([c], 1, 8, lambda v: v + 100)
-        assert not (y.resident or w.resident or z.resident) and a.resident
-        if remat == "stack":
-            with pytest.raises(BudgetError):
-                d.op([a, z], 1, [8], lambda av, zv: [av + zv])
-            full_check(rt)
-            continue
-        (o,) = d.op([a, z], 1, [8], lambda av, zv: [av + zv])
-        assert o.payload == 100 + 3
-        assert rt.memory.peak <= 10 + 3 * 8
-        assert rt.rematerializations == 4  # y, w, z, and a after the policy evicted it
-        full_check(rt)
+    # policy evict a while z is recomputed and brings a back after (a stack that locks what it brought back
+    # fails here with BudgetError).
+    d = Driver(10 + 3 * 8, "lru")
+    rt = d.rt
+    c = d.const(10, 0)
+    y = d.op1([c], 1, 8, lambda v: v + 1)
+    w = d.op1([c], 1, 8, lambda v: v + 2)
+    z = d.op1([y, w], 1, 8, lambda u, v: u + v)
+    rt.drop_ref(y)  # dropped: evicted at once (z's recipe reads them)
+    rt.drop_ref(w)
+    rt.evict(z)
+    a = d.op1([c], 1, 8, lambda v: v + 100)
+    assert not (y.resident or w.resident or z.resident) and a.resident
+    (o,) = d.op([a, z], 1, [8], lambda av, zv: [av + zv])
+    assert o.payload == 100 + 3
+    assert rt.memory.peak <= 10 + 3 * 8
+    assert rt.rematerializations == 4  # y, w, z, and a after the policy evicted it
+    full_check(rt)
 
 
 def test_the_floor_is_the_largest_op_with_what_cannot_be_evicted() -> None:

@@ -7,7 +7,7 @@ import pytest
 from coredrive import Driver, full_check
 from hypothesis import given
 from hypothesis import strategies as st
-from test_hypothesis import BUILTIN, FRAC, REMAT, SETTINGS, _check_program, programs
+from test_hypothesis import BUILTIN, FRAC, SETTINGS, _check_program, programs
 
 from torch_dtr.core import BudgetError, Tier
 
@@ -137,10 +137,9 @@ def test_a_dropped_value_whose_input_was_swapped_comes_back_by_copy_then_recipe(
     full_check(d.rt)
 
 
-@pytest.mark.parametrize("remat", REMAT)
-def test_an_old_version_with_a_copy_is_swapped_not_superseded(remat: str) -> None:
+def test_an_old_version_with_a_copy_is_swapped_not_superseded() -> None:
     tier = Counting(budget=None, bandwidth=10.0)
-    d = Driver(None, "dtr_comp", tier=tier, remat=remat)
+    d = Driver(None, "dtr_comp", tier=tier)
     rt = d.rt
     c = d.const(10, 1)
     x = d.op1([c], 1000.0, 10, lambda v: v + 1)
@@ -238,10 +237,10 @@ TIERS = st.builds(Counting, budget=st.sampled_from([None, 0, 50, 200]),
 
 
 @SETTINGS
-@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans(), st.sampled_from(REMAT), TIERS)
-def test_random_programs_with_a_tier(prog, frac, policy, sample, remat, tier) -> None:
+@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.booleans(), TIERS)
+def test_random_programs_with_a_tier(prog, frac, policy, sample, tier) -> None:
     """Values equal the unconstrained run's, the budget and the host budget hold (``check``), nothing leaks."""
-    _check_program(prog, frac, policy, sample, remat, tier=tier)
+    _check_program(prog, frac, policy, sample, tier=tier)
 
 
 # NOTE [ Swapping ] 9: values whose recipes can no longer run are pinned, but only the runtime holds them: a tier
@@ -329,9 +328,9 @@ def _invalidating(kills: list[int]):
 
 
 @SETTINGS
-@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.sampled_from(REMAT),
-       st.lists(st.integers(0, 24), max_size=4), st.booleans())
-def test_random_programs_with_invalidated_recipes_and_a_tier(prog, frac, policy, remat, kills, out_free) -> None:
+@given(programs(multi_output=True), FRAC, st.sampled_from(BUILTIN), st.lists(st.integers(0, 24), max_size=4),
+       st.booleans())
+def test_random_programs_with_invalidated_recipes_and_a_tier(prog, frac, policy, kills, out_free) -> None:
     """Pinned values a tier may copy out: values equal the unconstrained run's, the budget holds (``check``)."""
     tier = Counting(budget=None, bandwidth=1.0, out_free=out_free)
-    _check_program(prog, frac, policy, False, remat, tier=tier, on_step=_invalidating(kills))
+    _check_program(prog, frac, policy, False, tier=tier, on_step=_invalidating(kills))

@@ -107,7 +107,6 @@ class TooMuchRecomputation(RuntimeError):
     """A run passed its cap on rematerializations (the policy is thrashing at this budget)."""
 
 
-REMAT = "plan"  # enable(remat=...) of every run (benchmarks/floors.py --remat stack compares the older way)
 POLICY = None  # enable(policy=...) of every run; None: the default (benchmarks/floors.py --policy compares)
 BANISH = None  # enable(banish_depth=...) of every run; None: the default (benchmarks/floors.py --banish compares)
 SWAP: dict = {}  # enable(swap=..., host_budget=..., swap_gbps=...) of every run (DTR_TEST_SWAP=1: conftest.py)
@@ -124,7 +123,7 @@ def run_dtr(builder, opt_name: str, budget: int | None, steps: int = 3, *, check
     with ``TooMuchRecomputation`` once that many recipes have been run again."""
     assert not torch_dtr.enabled()
     gc.collect()
-    torch_dtr.enable(budget=budget, costs=costs, remat=REMAT, **({"policy": POLICY} if POLICY else {}),
+    torch_dtr.enable(budget=budget, costs=costs, **({"policy": POLICY} if POLICY else {}),
                      **({} if BANISH is None else {"banish_depth": BANISH}), **SWAP)
     over = [0]
     try:

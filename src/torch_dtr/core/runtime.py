@@ -64,38 +64,18 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    released, and its inputs lose a dependent. Before, a loss the program held and read as a float kept the
 #    32 MiB log-softmax its recipe reads resident through the next step (the bench's GPT-2 failed at 30%).
 
-# NOTE [ Locks during rematerialization ]
-#
-# 1. A frame whose recipe has evicted inputs pushes a frame for each and waits; it locks nothing while it
-#    waits, so the memory held by a deep chain of pending frames stays small.
-# 2. A frame that brought its storage back hands it, locked, to the frame that asked for it, so the
-#    inputs a frame has collected cannot be evicted again.
-# 3. When no input is missing, the frame locks all of them, runs the recipe and drops its locks. Inputs
-#    evicted while the frame waited are simply missing the next time it looks: since the collected inputs
-#    stay locked (2), each look finds fewer missing and the loop ends.
-# 4. Recipes form a DAG (inputs are older than outputs), so the stack empties.
-# 5. Of several missing inputs, the oldest is recomputed first: in a recurrence the oldest input is the
-#    one with the long chain behind it, and doing it first means no frame on that chain holds a locked
-#    sibling while the chain is recomputed below it.
-# 6. Intermediates without handles (``refs == 0``: old versions of in-place writes, values whose tensors
-#    died but whose readers live) were brought back only to feed the recipes above them. When the whole
-#    rematerialization is done, those whose every reader's outputs are resident again are dropped at once
-#    (as NOTE [ Lifetimes ] 3). One with a reader still evicted stays, to the policy.
-# Why each rule is there, with the measurements: docs/decisions.md (Rematerialization: the stack).
-
 # NOTE [ Planned rematerialization ]
 #
-# The default (``remat="plan"``); NOTE [ Locks during rematerialization ] is the older stack
-# (``remat="stack"``), kept for comparisons: on the shared DTR logs both give the same outcome for the
-# default policy at ratios 0.2-0.9.
 # 1. ``plan(roots)`` lists the evicted ancestors to recompute, one step per recipe, each after its evicted
 #    inputs (post-order), visiting of several evicted inputs the one with the longest evicted chain below
 #    it first (ties: the oldest), so that each value waits as briefly as possible for its reader: in a
-#    recurrence whose side inputs are older than its chain the stack held one side input per step, the plan
-#    holds O(1) (tests/core/test_planned_remat.py).
-# 2. A recomputed value without handles is dropped as soon as its last reader in the plan has run, if every
-#    reader's outputs are resident (as rule 6 of the stack): the end of an evicted chain comes back with
-#    two links resident at a time.
+#    recurrence whose side inputs are older than its chain, recomputing the oldest input first would hold
+#    one side input per step; the plan holds O(1) (tests/core/test_planned_remat.py).
+# 2. A recomputed value without handles (``refs == 0``: an old version of an in-place write, a value whose
+#    tensors died but whose readers live) was brought back only to feed the recipes above it: it is dropped
+#    as soon as its last reader in the plan has run, if every reader's outputs are resident (as NOTE
+#    [ Lifetimes ] 3; one with a reader still evicted stays, to the policy). The end of an evicted chain
+#    comes back with two links resident at a time.
 # 3. ``bring(roots)`` runs the plan so that every root is resident at the end. First holding (``hold=True``):
 #    each recomputed value stays locked until its last planned reader has run; a resident input evicted
 #    meanwhile makes its step find it missing and plan it again (locked this time, so this ends).
@@ -335,19 +315,15 @@ class Runtime:
         device_usage: Callable[[], tuple[int, int]] | None = None,
         sync_every: int = 64,
         seed: int = 0,
-        remat: str = "plan",
         banish_depth: int = 0,
         lazy_tracking: bool = False,
         tier: Tier | None = None,
     ) -> None:
-        if remat not in ("plan", "stack"):
-            raise ValueError(f"torch_dtr: remat must be 'plan' or 'stack', got {remat!r}")
         if budget is not None and budget < 0:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
         self.budget = budget
         self.fix = FIX  # the calls a BudgetError suggests (the native front end names its own)
         self.advise: Advise | None = None  # a better budget to suggest (``_suggest``)
-        self.remat = remat  # how evicted ancestors are brought back (rematerialize)
         self.banish_depth = banish_depth  # NOTE [ Banishing ]; 0 (the default): never
         self.banished = 0  # recipes dropped by banishing
         self.banished_bytes = 0  # resident bytes pinned by banishing
@@ -435,10 +411,9 @@ class Runtime:
                     held.append(s)
                 else:
                     missing.append(s)
-            plan = resident_first and self.remat == "plan"
             for s in missing:
                 if not s.resident:
-                    if plan:
+                    if resident_first:
                         self.bring([s])
                     else:
                         self.rematerialize(s)
@@ -446,7 +421,7 @@ class Runtime:
                 held.append(s)
         except BudgetError:
             self.release(held)
-            if not (missing and resident_first and self.remat == "plan"):
+            if not (missing and resident_first):
                 raise
             self.bring(storages, hold=False)  # may raise BudgetError again, with nothing locked
             held = list(storages)
@@ -1228,14 +1203,9 @@ class Runtime:
             s.locks -= 1
 
     def rematerialize(self, target: Storage) -> None:
-        """Make ``target`` resident again, recomputing its evicted ancestors first (no recursion).
-
-        ``remat="plan"`` (the default): NOTE [ Planned rematerialization ]; ``"stack"``: NOTE [ Locks
-        during rematerialization ] (the DTR authors' simulator's memory behaviour)."""
+        """Make ``target`` resident again, recomputing its evicted ancestors first, by a plan (no recursion;
+        NOTE [ Planned rematerialization ])."""
         if target.resident:
-            return
-        if self.remat == "stack":
-            self._remat_stack(target)
             return
         try:
             self.bring([target])
@@ -1433,50 +1403,10 @@ class Runtime:
 
     def _drop_brought(self, s: Storage) -> None:
         """Evict ``s`` if nothing holds it and every reader's outputs are resident (NOTE [ Planned
-        rematerialization ] 2, stack rule 6)."""
+        rematerialization ] 2)."""
         if (s.refs == 0 and s.resident and not s.locks and not s.pinned and not s.released
                 and all(o.resident or o.released for c in s.children for o in c.outputs)):
             self._evict(s, "drop")
-
-    def _remat_stack(self, target: Storage) -> None:
-        """NOTE [ Locks during rematerialization ]."""
-        # frame: [storage, locks held for its recipe, index of the frame that asked for it]
-        frames: list[tuple[Storage, list[Storage], int]] = [(target, [], -1)]
-        brought: list[Storage] = []  # storages recomputed on the way to the target (rule 6)
-        try:
-            while frames:
-                s, held, parent = frames[-1]
-                if not s.resident and s.host is not None:
-                    self._swap_in(s)
-                    if parent >= 0:
-                        brought.append(s)
-                elif not s.resident:
-                    op = self._recipe(s)
-                    missing = [i for i in op.inputs if not i.resident]
-                    if missing:  # the oldest on top of the stack: see rule 5
-                        me = len(frames) - 1
-                        if len(missing) > 1:
-                            missing.sort(key=_sid, reverse=True)
-                        frames.extend((i, [], me) for i in missing)
-                        continue
-                    for i in op.inputs:
-                        i.locks += 1
-                        held.append(i)
-                    self._recompute(op, (target,))
-                    if parent >= 0:
-                        brought.append(s)
-                frames.pop()
-                self.unlock(held)
-                if parent >= 0:
-                    s.locks += 1
-                    frames[parent][1].append(s)
-        except BaseException:
-            for _, held, _ in frames:
-                self.unlock(held)
-            raise
-        finally:
-            for s in brought:  # rule 6
-                self._drop_brought(s)
 
     def _recompute(self, op: Op, keep: Any = ()) -> None:
         """Run ``op``'s recipe again for its missing outputs. ``keep``: storages that must stay resident

@@ -27,7 +27,7 @@ _FROZE = False  # enable() froze the garbage collector's view of older objects (
 
 def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY,
            sample_sqrt: bool = False, min_evict_bytes: int | None = None, costs: str = "model",
-           remat: str = "plan", banish_depth: int | None = None, device: Device | None = None,
+           banish_depth: int | None = None, device: Device | None = None,
            sync_every: int = 64, expandable_segments: bool | None = None, swap: bool | str = False,
            host_budget: int | str | None = None, swap_gbps: float | None = None) -> None:
     """Manage every op from here on: keep memory within ``budget`` by evicting and recomputing.
@@ -45,8 +45,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
 
     ``costs``: what an op costs to recompute, for the eviction policy: ``"model"`` (FLOPs and bytes moved;
     the same program at the same budget makes the same choices in every run; NOTE [ Modelled costs ]) or
-    ``"time"`` (measured around each call, as before 2026-11-23). ``remat``: how evicted inputs come back,
-    ``"plan"`` (NOTE [ Planned rematerialization ]) or ``"stack"`` (the older way, for comparisons).
+    ``"time"`` (measured around each call, as before 2026-11-23).
     ``swap``: evicted values may also be copied to host memory instead of being dropped, when copying them
     back is cheaper than recomputing them (NOTE [ Swapping ]): ``True``, ``False`` (the default) or ``"auto"``
     (on for CUDA devices). ``host_budget``: the most bytes held in host memory (default: half the machine's
@@ -70,8 +69,6 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
         min_evict_bytes = int(min_evict_bytes)
     if costs not in ("time", "model"):
         raise ValueError(f"torch_dtr: costs must be 'time' (measured) or 'model' (FLOPs and bytes), got {costs!r}")
-    if remat not in ("plan", "stack"):
-        raise ValueError(f"torch_dtr: remat must be 'plan' (the default) or 'stack', got {remat!r}")
     if banish_depth is not None and (isinstance(banish_depth, bool) or not isinstance(banish_depth, numbers.Integral)
                                      or banish_depth < 0):
         raise ValueError(f"torch_dtr: banish_depth must be an int >= 0 (0: never banish), got {banish_depth!r}")
@@ -90,7 +87,7 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     swap, host, gbps = tier_options(swap, host_budget, swap_gbps, cuda)
     if banish_depth is None:
         banish_depth = banish_default(swap, nbytes, host, DEFAULT_BANISH_DEPTH)
-    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, remat, int(banish_depth), device,
+    f = Front(nbytes, policy, sample_sqrt, min_evict_bytes, costs, int(banish_depth), device,
               int(sync_every), swap, host, gbps)
     if nbytes is not None and f.dev is not None:
         f.dev.prepare()  # NOTE [ Device memory ] 8 (before the mode: these ops stay plain)

@@ -158,12 +158,12 @@ class Front:
     """One enabled session: the core runtime plus everything torch-specific around it."""
 
     def __init__(self, budget: int | None, policy: str | Policy, sample_sqrt: bool,
-                 min_evict_bytes: int | None, costs: str = "model", remat: str = "plan",
+                 min_evict_bytes: int | None, costs: str = "model",
                  banish_depth: int = DEFAULT_BANISH_DEPTH, device: Device | None = None,
                  sync_every: int = 64, swap: bool = False, host_budget: int | None = None,
                  swap_gbps: float | None = None) -> None:
-        self._args = (budget, policy, sample_sqrt, min_evict_bytes, costs, remat, banish_depth, device, sync_every,
-                      swap, host_budget, swap_gbps)
+        self._args = (budget, policy, sample_sqrt, min_evict_bytes, costs, banish_depth, device, sync_every, swap,
+                      host_budget, swap_gbps)
         # NOTE [ Tenants ]: the session's total budget, its tenants and their shares (tenants.py)
         self.total = budget
         self.session: Front | None = None  # a tenant's session
@@ -178,7 +178,7 @@ class Front:
                                               None if swap_gbps is None else swap_gbps * 1e9)
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
                           device_usage=None if device is None else device.usage, sync_every=sync_every,
-                          remat=remat, banish_depth=banish_depth, lazy_tracking=True, tier=tier)
+                          banish_depth=banish_depth, lazy_tracking=True, tier=tier)
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
         self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
         # ops and recipes on the device evict and retry on out-of-memory through it
