@@ -35,30 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .core import Policy, Runtime, Stats, Storage
+from .core.errors import parse_budget
 from .core.policies import DEFAULT_POLICY
 
 __all__ = ["Pool", "Store", "Value"]
-
-
-def _parse(budget: int | str | None) -> int | None:
-    # the same units as torch_dtr.parse_budget, without importing the eager front end (which imports torch)
-    if budget is None or isinstance(budget, int) and not isinstance(budget, bool):
-        if budget is not None and budget < 0:
-            raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
-        return budget
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-    if isinstance(budget, str):
-        text = budget.strip().lower()
-        num = text.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
-        unit = text[len(num):].strip()
-        try:
-            if unit in units:
-                return int(float(num) * units[unit])
-        except ValueError:
-            pass
-    raise ValueError(f"torch_dtr: cannot read budget {budget!r}: use bytes (an int) or a number with a unit, "
-                     f"e.g. '256MB' or '1.5 GiB'")
 
 
 def _size(value: Any, nbytes: int | Callable[[Any], int] | None) -> int:
@@ -133,7 +113,7 @@ class Store:
     """Recomputable values of any kind under one byte budget, evicted by a DTR policy."""
 
     def __init__(self, budget: int | str | None = None, *, policy: str | Policy = DEFAULT_POLICY) -> None:
-        self.rt = Runtime(_parse(budget), policy)
+        self.rt = Runtime(parse_budget(budget), policy)
         self.lock = threading.RLock()
 
     def constant(self, value: Any, *, nbytes: int | Callable[[Any], int] | None = None) -> Value:
@@ -185,7 +165,7 @@ class Store:
     def set_budget(self, budget: int | str | None) -> None:
         """A new budget, kept at once by evicting (``BudgetError`` if it cannot be: the old one stays)."""
         with self.lock:
-            self.rt.set_budget(_parse(budget))
+            self.rt.set_budget(parse_budget(budget))
 
 
 class Pool:
@@ -197,7 +177,7 @@ class Pool:
     than the total. ``stats()`` gives each tenant's counters."""
 
     def __init__(self, total: int | str, *, policy: str | Policy = DEFAULT_POLICY) -> None:
-        self.total = _parse(total)
+        self.total = parse_budget(total)
         if self.total is None:
             raise ValueError("torch_dtr: a Pool needs a total budget, e.g. Pool(total='1GB')")
         self.policy = policy
@@ -215,7 +195,7 @@ class Pool:
 
     def set_total(self, total: int | str) -> None:
         """A new total: tenants evict to fit their new budgets (``BudgetError``: nothing was changed)."""
-        new = _parse(total)
+        new = parse_budget(total)
         if new is None:
             raise ValueError("torch_dtr: a Pool's total cannot be None")
         old, self.total = self.total, new
