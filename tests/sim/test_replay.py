@@ -129,7 +129,8 @@ def test_cli_simulate_json(tmp_path):
             else:
                 w.release(ins.name)
     p = subprocess.run([sys.executable, "-m", "torch_dtr.cli", "simulate", str(path), "--format", "json",
-                        "--ratios", "0.3,1.0", "--policy", "dtr_eq", "--policy", "lru", "--baselines"],
+                        "--ratios", "0.3,1.0", "--policy", "dtr_eq", "--policy", "lru", "--baselines",
+                        "--ilp-seconds", "1"],
                        capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)

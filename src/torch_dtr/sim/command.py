@@ -114,9 +114,9 @@ _TOP = 2.0  # where the plot marks a run that failed (oom, thrash, no schedule)
 def plot(path: str | Path, series: dict[str, tuple[int, list[Outcome], list[Outcome]]],
          reference: dict[str, dict[float, float]] | None = None, title: str | None = None) -> None:
     """Write ``figure(...)`` to ``path`` (a PNG)."""
+    fig = figure(series, reference, title)  # (says which extra to install where matplotlib is missing)
     import matplotlib.pyplot as plt
 
-    fig = figure(series, reference, title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
