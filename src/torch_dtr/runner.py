@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import sys
 import time
 from typing import Any
@@ -55,6 +56,8 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
     code: Any = 0
     t0 = time.perf_counter()
     session = api.enable(nbytes, swap=swap, policy=policy or DEFAULT_POLICY)
+    rt = api.runtime()
+    rt.fix = f"torch-dtr run --budget {{n}} {shlex.quote(script)}"  # what a BudgetError says to run next
     try:
         code = run_main(script, argv)
     except BudgetError as e:
@@ -63,13 +66,19 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
     finally:
         took = time.perf_counter() - t0
         mine = api._CURRENT is session  # (the script may have enabled a session of its own)
-        st = api.stats() if mine or not api.enabled() else None
+        report = mine or not api.enabled()
         api.disable()
+        st = api.stats() if report else None  # (after disable(): what it learned includes the whole run)
         if st is not None:
             kept = "no budget" if nbytes is None else f"budget {fmt_bytes(nbytes)}"
+            learned = ""
+            if st.learned_budget is not None and mine:
+                what = f"its first {st.traced_steps} optimizer steps" if st.traced_steps else "what it ran"
+                learned = (f"; learned budget {fmt_bytes(st.learned_budget)}, at which {what} replay: torch-dtr "
+                           f"run --budget {st.learned_budget} {shlex.quote(script)}")
             print(f"torch-dtr run: {script}: {took:.1f} s, {api.front() or 'no'} front end; tracked peak "
                   f"{fmt_bytes(st.peak_bytes)} ({kept}); {st.evictions} evictions, {st.rematerializations} "
-                  f"recomputations ({st.remat_seconds:.2f} s); single-op floor {fmt_bytes(st.floor_bytes)}",
+                  f"recomputations ({st.remat_seconds:.2f} s); single-op floor {fmt_bytes(st.floor_bytes)}{learned}",
                   file=sys.stderr)
     if code is None:
         return 0

@@ -29,7 +29,7 @@ from ..eager.device import OutOfMemory
 #    kernel's per-op path is the one of an untraced session again (``ext.rebind``, ``set_trace(False)``). Where
 #    fewer steps end before ``LEARN_ROWS`` rows or before the session ends, it learns from the stretch up to the
 #    last step's end, or from all it traced where no step ended (a program without an optimizer: inference, one
-#    backward): what it ran, or its first ``LEARN_ROWS`` rows.
+#    backward): what it ran, or its first ``LEARN_ROWS`` rows; not where a BudgetError cut the run short.
 # 2. ``learned_budget()`` (``stats().learned_budget``): from the stretch traced up to the end of the last step
 #    traced, the smallest budget at which its replay trains within ``THRASH_AT`` x one pass, plus 5% where the
 #    replay trains there too (sim/trace.py, ``learned_budget``; NOTE [ Traces ] 5: for the steps after them). By
@@ -83,6 +83,7 @@ class Session:
         self.marks: list[int] = []
         self.learned: Any = None
         self._smallest: tuple[int, int] | None = None
+        self._failed = False  # a BudgetError was raised (what was traced then is not a whole run: rule 1)
         self._traced_calls: Any = None
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
@@ -179,8 +180,8 @@ class Session:
     def _learn_what_was_traced(self) -> None:
         """Learning ends before ``LEARN_STEPS`` steps ended (the rows kept ran out, or the session ended): the
         stretch to learn from is up to the last step's end, or all of it where no step ended (rule 1)."""
-        if self.learned is None and self.learner.rows is not None:
-            self.learned = self.learner.trace(self.marks[-1] if self.marks else None)
+        if self.learned is None and self.learner.rows is not None and (self.marks or not self._failed):
+            self.learned = self.learner.trace(self.marks[-1] if self.marks else None)  # (not a run cut short)
         self._stop_learning()
 
     def _stop_learning(self) -> None:
@@ -217,6 +218,7 @@ class Session:
 
     def _advise(self, n: int) -> tuple[int, str] | None:
         """The budget a BudgetError quotes (rule 3; the core's ``Runtime.advise``), given the core's own ``n``."""
+        self._failed = True
         try:
             steps = len(self.marks)
             whole = self.learned_budget()
