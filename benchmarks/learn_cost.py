@@ -1,34 +1,22 @@
 """What learning a budget costs (NOTE [ Learned budgets ] 4 in src/torch_dtr/native/session.py): the first two
 steps of a session, traced, against the same two steps with ``learn=False``; best of 3 rounds, interleaved.
 
-    python benchmarks/learn_cost.py        # a few seconds; nothing else may run meanwhile
+    python benchmarks/learn_cost.py        # a few seconds; nothing else may run meanwhile (the [test] extra)
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 import torch_dtr
 
-
-def lstm_cells() -> Callable[[], None]:  # many small ops
-    cell, head = torch.nn.LSTMCell(64, 64), torch.nn.Linear(64, 64)
-    opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.01)
-    xs = torch.randn(24, 16, 64)
-
-    def step() -> None:
-        h = c = torch.zeros(16, 64)
-        loss = torch.zeros(())
-        for x in xs:
-            h, c = cell(x, (h, c))
-            loss = loss + head(h).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return step
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sim"))
+from steps import lstm_cells  # noqa: E402 (the tests' LSTM-cell loop: many small ops; needs the [test] extra)
 
 
 def mlp() -> Callable[[], None]:
