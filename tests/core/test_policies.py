@@ -431,6 +431,22 @@ def test_explicit_min_evict_bytes() -> None:
     assert not t.resident and g.resident
 
 
+def test_evict_minimum_is_a_hard_floor() -> None:
+    """NOTE [ The smallest victim ]: below ``evict_minimum`` a storage is never evicted, not even as the last way."""
+    d, t, g = _floor_graph(1011, evict_minimum=2)
+    d.rt.lock([g])  # T (1 B) is the only candidate: without the minimum it would go (test above)
+    with pytest.raises(BudgetError):
+        d.rt.reserve(1)
+    assert t.resident and g.resident and d.rt.evictions == 0
+    d.rt.unlock([g])
+    d.rt.reserve(1000)  # G goes; T stays although a byte more would need it too
+    assert t.resident and not g.resident
+    with pytest.raises(BudgetError):
+        d.rt.reserve(1001)
+    assert t.resident
+    full_check(d.rt)
+
+
 def test_zero_byte_storages_are_never_chosen() -> None:
     d = Driver(20, "lru", min_evict_bytes=0)
     c = d.const(10, 0)

@@ -147,11 +147,97 @@ def test_out_of_memory_driven_mode_trains_where_plain_runs_out(plain):
     assert run["max_reserved"] / run["max_allocated"] <= 1.1, (run["max_reserved"], run["max_allocated"])
 
 
+def test_simulated_expandable_segments_map_pages_and_keep_freed_ones():
+    """NOTE [ Simulated allocator ] 5, as PyTorch's allocator does it: pages of 20 MiB in the large pool, mapped
+    where a request reaches; freed blocks stay mapped (reserved) until empty_cache, which unmaps whole pages only."""
+    mib = 1 << 20
+    with SimulatedDevice("200MiB", expandable=True) as dev:
+        a, _ = dev.alloc(30 * mib)
+        b, _ = dev.alloc(30 * mib)
+        assert b == a + 30 * mib and dev.reserved() == 60 * mib, "one range: 3 pages of 20 MiB for 60 MiB"
+        dev.free(a)
+        assert dev.reserved() == 60 * mib, "a freed block's pages stay mapped"
+        c, _ = dev.alloc(40 * mib)
+        assert c == b + 30 * mib and dev.reserved() == 100 * mib, "the 30 MiB hole is too small: pages at the end"
+        d, _ = dev.alloc(20 * mib)
+        assert d == a and dev.reserved() == 100 * mib and dev.allocated() == 90 * mib, "best fit: the hole"
+        assert dev.reserved() / dev.allocated() > 1.1, "reserved exceeds allocated by the hole's rest"
+        dev.empty_cache()
+        assert dev.reserved() == 100 * mib, "the hole's 10 MiB rest holds no whole page: nothing unmapped"
+        dev.free(c)
+        e, _ = dev.alloc(50 * mib)
+        assert e == c and dev.reserved() == 120 * mib, "the free block at the end grows by the pages it lacks"
+        dev.free(e)
+        dev.free(b)
+        dev.empty_cache()
+        # free: [20, 160) MiB; the pages [20, 40) ... [140, 160) go: 140 MiB unmapped, the block d's page stays
+        assert dev.reserved() == 20 * mib and dev.segments() == [(False, [(a, 20 * mib, True)])]
+        f, _ = dev.alloc(mib // 2)  # the small pool: a range of its own, 2 MiB pages
+        assert dev.reserved() == 22 * mib and f != a
+        with pytest.raises(torch.OutOfMemoryError):
+            dev.alloc(190 * mib)
+
+
+def test_simulated_expandable_segment_prefers_a_block_that_cannot_grow():
+    """A free block before the unmapped range gives way to a larger one that could grow less (rule 5), so that the
+    end of the range stays free for what grows there."""
+    mib = 1 << 20
+    with SimulatedDevice(expandable=True) as dev:
+        hole, _ = dev.alloc(12 * mib)  # maps the page [0, 20)
+        keep, _ = dev.alloc(8 * mib)  # [12, 20)
+        dev.free(hole)  # [0, 12) free
+        tail, _ = dev.alloc(30 * mib)  # maps [20, 60): [20, 50) used, [50, 60) free before the unmapped range
+        assert (keep, tail) == (hole + 12 * mib, hole + 20 * mib) and dev.reserved() == 60 * mib
+        got, _ = dev.alloc(5 * mib)  # fits [50, 60) best (10 MiB), and [0, 12)
+        assert got == hole, "the next larger block, which cannot grow, not the one before the unmapped range"
+        got2, _ = dev.alloc(9 * mib)
+        assert got2 == tail + 30 * mib and dev.reserved() == 60 * mib, "then the end's free block, without mapping"
+
+
 def test_out_of_memory_with_expandable_segments_trains_too(plain):
     cap = int(plain["max_allocated"] * 0.6)
     run = _train(None, cap=cap, expandable=True)
     _same(run, plain)
     assert run["stats"].oom_retries > 0 and run["max_allocated"] <= cap
+
+
+def _gpt2_on_expandable_segments(ratio: float | None, peak: int = 0) -> dict:
+    """A small GPT-2 (4 layers, width 256, sequence 128, batch 4), AdamW, on the simulated allocator with expandable
+    segments; a warm-up step, then two measured ones, under ``ratio`` x ``peak`` allocated bytes where given."""
+    pytest.importorskip("transformers")
+    from torch_dtr.bench.workloads import Size, build
+
+    with SimulatedDevice(None, scale=1 / 8, expandable=True) as dev:
+        model, batches, step = build("gpt2", Size(4, 4, 256, 128), 3, seed=0)
+        budget = None if ratio is None else int(ratio * peak)
+        if budget is not None:
+            torch_dtr.enable(budget=budget, device=dev)
+        try:
+            losses = [step(model, batches[0])]
+            dev.reset_peak()
+            losses += [step(model, b) for b in batches[1:]]
+            st = torch_dtr.stats() if budget is not None else None
+        finally:
+            if budget is not None:
+                torch_dtr.disable()
+        return {"losses": [x.item() for x in losses], "params": [p.detach().clone() for p in model.parameters()],
+                "allocated": dev.max_allocated(), "reserved": dev.peak_reserved, "budget": budget, "stats": st}
+
+
+def test_layout_aware_eviction_keeps_what_the_device_holds_near_the_budget_at_70(monkeypatch):
+    """NOTE [ Layout-aware eviction ]: under 70% of plain's peak allocated bytes, evicting the cheapest window first
+    keeps the pages the device maps within 1.06x the budget, where evicting by the policy alone leaves holes that
+    later requests cannot use (1.3x); both bitwise equal to plain, the allocated count within the budget."""
+    plain = _gpt2_on_expandable_segments(None)
+    assert plain["reserved"] <= 1.05 * plain["allocated"]
+    aware = _gpt2_on_expandable_segments(0.7, plain["allocated"])
+    monkeypatch.setattr(SimulatedDevice, "cheap_layout", False)
+    blind = _gpt2_on_expandable_segments(0.7, plain["allocated"])
+    for run in (aware, blind):
+        _same(run, plain)
+        assert run["allocated"] <= run["budget"] and run["stats"].evictions > 0
+    assert aware["reserved"] <= 1.06 * aware["budget"], aware["reserved"] / aware["budget"]
+    assert blind["reserved"] >= 1.2 * blind["budget"], blind["reserved"] / blind["budget"]
 
 
 def test_out_of_memory_retry_of_a_random_op_draws_what_plain_draws():

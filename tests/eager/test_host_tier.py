@@ -192,11 +192,11 @@ def test_a_value_pinned_by_a_changed_constant_is_copied_out_and_an_in_place_writ
 
 @pytest.mark.python_front  # its objects; the compiled front end's: tests/native/test_device_native.py
 def test_a_copy_back_that_finds_the_device_full_evicts_and_retries():
-    """NOTE [ Host copies ] 7: no budget (evictions on out-of-memory only), a simulated device of 5 MiB. ``a`` is
+    """NOTE [ Host copies ] 7: no budget (evictions on out-of-memory only), a simulated device of 5.25 MiB. ``a`` is
     copied out, plain allocations then leave less room than ``a`` needs: copying it back runs out of memory,
     evicts ``b`` and retries, where it raised ``OutOfMemoryError`` before."""
     mib = 1 << 20
-    with SimulatedDevice(5 * mib, scale=1 / 8, expandable=True) as dev:
+    with SimulatedDevice(21 * mib // 4, scale=1 / 64, expandable=True) as dev:  # (room for pages rounded up)
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g)  # 1 MiB each
         want = (x @ w).sum()

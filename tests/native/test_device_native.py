@@ -343,10 +343,10 @@ def test_cuda_the_budget_bounds_max_memory_allocated_at_60():
 
 def test_a_copy_back_that_finds_the_simulated_device_full_evicts_and_retries():
     """As tests/eager/test_host_tier.py's test of the same name, under the compiled front end: no budget, a
-    simulated device of 5 MiB; ``a`` is copied out (host copies are not the device's), plain allocations then leave
+    simulated device of 5.25 MiB; ``a`` is copied out (host copies are not the device's), plain allocations then leave
     less room than ``a`` needs, so copying it back runs out of memory, evicts ``b`` and retries."""
     mib = 1 << 20
-    with torch_dtr.SimulatedDevice(5 * mib, scale=1 / 8, expandable=True) as dev:
+    with torch_dtr.SimulatedDevice(21 * mib // 4, scale=1 / 64, expandable=True) as dev:  # (pages round up)
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g)  # 1 MiB each
         want = (x @ w).sum()

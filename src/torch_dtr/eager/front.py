@@ -145,6 +145,7 @@ def _on_device(dev: Device, refs: list[Ref], consts: list[torch.Tensor]) -> bool
 
 # The live default of NOTE [ Banishing ] (rule 6 says why 2, and why replays of operator logs keep 0).
 DEFAULT_BANISH_DEPTH = 2
+EVICT_MINIMUM = 64  # bytes: a session never evicts a smaller storage (NOTE [ The smallest victim ], core/runtime.py)
 
 
 def step_level(args: tuple, kwargs: dict) -> int:
@@ -178,11 +179,13 @@ class Front:
                                               None if swap_gbps is None else swap_gbps * 1e9)
         self.rt = Runtime(budget, policy, sample_sqrt=sample_sqrt, min_evict_bytes=min_evict_bytes,
                           device_usage=None if device is None else device.usage, sync_every=sync_every,
-                          banish_depth=banish_depth, lazy_tracking=True, tier=tier)
+                          banish_depth=banish_depth, lazy_tracking=True, tier=tier, evict_minimum=EVICT_MINIMUM)
         self.model = costs == "model"  # NOTE [ Modelled costs ]; else measured time
         self.timer = CudaTimer() if isinstance(device, CudaDevice) and not self.model else None
         # ops and recipes on the device evict and retry on out-of-memory through it
         self.oom = None if device is None else OutOfMemory(self.rt, device)
+        if device is not None and device.cheap_layout:  # NOTE [ Layout-aware eviction ]
+            self.rt.layout = self.oom.victims  # type: ignore[union-attr]
         if tier is not None:
             tier.oom = self.oom  # a copy back that runs out of device memory evicts, retries (NOTE [ Host copies ] 7)
             tier.device = device  # its host_copies() around the copies out

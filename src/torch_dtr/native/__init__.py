@@ -256,11 +256,12 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     _SESSION = s
     learn = bool(learn) and device is None  # NOTE [ Learned budgets ] 4
     if trace is not None or learn:
+        from ..eager.front import EVICT_MINIMUM
         from ..sim.trace import Writer
         from .session import LEARN_ROWS
 
-        w = Writer(trace, {"policy": policy_name, "banish_depth": banish_depth, "budget": nbytes,
-                           "grads_in_place": bool(grads_in_place)}, LEARN_ROWS if learn else 0)
+        w = Writer(trace, {"policy": policy_name, "banish_depth": banish_depth, "evict_minimum": EVICT_MINIMUM,
+                           "budget": nbytes, "grads_in_place": bool(grads_in_place)}, LEARN_ROWS if learn else 0)
         if learn:
             s.learn(w)
         else:

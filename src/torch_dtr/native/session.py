@@ -21,6 +21,7 @@ from ..core.feed import DroppingMemory, Feed
 from ..core.policies import Policy
 from ..eager.costs import model_cost
 from ..eager.device import OutOfMemory
+from ..eager.front import EVICT_MINIMUM
 
 # NOTE [ Learned budgets ]
 #
@@ -88,7 +89,8 @@ class Session:
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
         self.dev = device  # its allocator's count is what the budget bounds (NOTE [ Native front end ] 8)
         self.rt = Runtime(budget, policy, memory=DroppingMemory(), banish_depth=banish_depth, lazy_tracking=True,
-                          tier=tier, device_usage=None if device is None else device.usage)
+                          tier=tier, device_usage=None if device is None else device.usage,
+                          evict_minimum=EVICT_MINIMUM)
         self.rt.fix = "torch_dtr.native.enable(budget={n}), or torch_dtr.native.set_budget({n}) while it runs"
         self.feed = feed = Feed(self.rt, device is not None)
         feed.see = self._see
@@ -106,6 +108,8 @@ class Session:
         # out of memory (the kernel retries only with a device): a window of adjacent blocks first where the device
         # knows its layout (NOTE [ Device memory ] 4)
         self.evictor = None if device is None else OutOfMemory(self.rt, device, lambda v: device.locate(v.data_ptr))
+        if device is not None and device.cheap_layout:  # NOTE [ Layout-aware eviction ]
+            self.rt.layout = self.evictor.victims  # type: ignore[union-attr]
         if tier is not None:
             tier.oom = self.evictor  # a copy back that runs out of the device's memory evicts and retries
             tier.device = device  # its host_copies() around the copies out

@@ -32,10 +32,22 @@ struct Segment {
   std::vector<Block> blocks;  // address order
 };
 struct Entry {
-  int64_t seg;  // the segment's address; -1: the expandable segment
+  int64_t seg;  // the segment's address; -1 / -2: the small / large pool's expandable segment
   int64_t addr, size;
   bool adopted = false;  // `sim_adopt`: a block allocated before, freed by `sim_forget` (or its address reused)
 };
+// rule 5: an expandable segment is one virtual range per pool, mapped page by page; its blocks, in address order,
+// are allocated, free (mapped, cached) or unmapped (the range's tail, and holes `empty_cache` left)
+enum : int { kUnmapped = 0, kFree = 1, kUsed = 2 };
+struct XBlock {
+  int64_t addr, size;
+  int state;
+};
+struct XSeg {
+  int64_t base = 0, page = 0, mapped = 0;
+  std::vector<XBlock> blocks;
+};
+constexpr int64_t kRange = int64_t(1) << 50;  // an expandable segment's virtual range (no real program reaches it)
 
 std::mutex g_mu;
 thread_local int t_uncounted = 0;  // `sim_uncounted`: this thread's blocks are not the device's (host copies)
@@ -43,6 +55,7 @@ int64_t g_capacity = -1, g_small = 1 << 20, g_small_seg = 2 << 20, g_mid_seg = 2
         g_page = 2 << 20;
 bool g_expandable = false;
 std::map<int64_t, Segment> g_segs;           // by address, which is also their order of creation
+XSeg g_x[2];                                 // the small and the large pool's expandable segments (rule 5)
 std::unordered_map<uintptr_t, Entry> g_live;  // a block's data pointer -> where it was carved
 int64_t g_alloc = 0, g_peak = 0, g_reserved = 0, g_peak_reserved = 0, g_exp_alloc = 0, g_exp_reserved = 0,
         g_ooms = 0, g_next = int64_t(1) << 40;
@@ -58,9 +71,36 @@ void empty_cache() {  // rule 3: every entirely free segment goes; the expandabl
       ++it;
     }
   }
-  const int64_t pages = up(g_exp_alloc, g_page);
-  g_reserved -= g_exp_reserved - pages;
-  g_exp_reserved = pages;
+  for (XSeg& x : g_x) {  // whole pages inside free blocks are unmapped; the pages at a free block's edges stay
+    std::vector<XBlock> out;
+    out.reserve(x.blocks.size() + 2);
+    auto put = [&out](XBlock b) {
+      if (b.size <= 0) return;
+      if (!out.empty() && b.state == kUnmapped && out.back().state == kUnmapped) {
+        out.back().size += b.size;
+      } else {
+        out.push_back(b);
+      }
+    };
+    for (const XBlock& b : x.blocks) {
+      if (b.state != kFree) {
+        put(b);
+        continue;
+      }
+      const int64_t lo = x.base + up(b.addr - x.base, x.page), hi = x.base + (b.addr + b.size - x.base) / x.page * x.page;
+      if (hi <= lo) {
+        put(b);
+        continue;
+      }
+      put(XBlock{b.addr, lo - b.addr, kFree});
+      put(XBlock{lo, hi - lo, kUnmapped});
+      put(XBlock{hi, b.addr + b.size - hi, kFree});
+      x.mapped -= hi - lo;
+      g_reserved -= hi - lo;
+      g_exp_reserved -= hi - lo;
+    }
+    x.blocks.swap(out);
+  }
 }
 
 [[noreturn]] void oom(int64_t size) {
@@ -93,71 +133,163 @@ void fits(int64_t more, int64_t size) {  // `more` bytes more reserved must fit 
   if (g_reserved + more > g_capacity) oom(size);
 }
 
-Entry carve(int64_t nbytes) {  // rules 1-3 and 5
-  int64_t size = std::max(kGranule, up(nbytes, kGranule));
-  if (g_expandable) {
-    const int64_t pages = up(g_exp_alloc + size, g_page);
-    if (pages > g_exp_reserved) {
-      fits(pages - g_exp_reserved, size);
-      g_reserved += pages - g_exp_reserved;
-      g_exp_reserved = pages;
-      g_peak_reserved = std::max(g_peak_reserved, g_reserved);
-    }
-    g_exp_alloc += size;
-    const int64_t addr = g_next;
-    g_next += size;
-    g_alloc += size;
-    g_peak = std::max(g_peak, g_alloc);
-    return Entry{-1, addr, size};
-  }
-  const bool small = size <= g_small;
-  Segment* best_seg = nullptr;
-  int64_t best_seg_addr = 0;
-  size_t best_k = 0;
-  for (auto& [saddr, seg] : g_segs) {  // best fit, the lowest address on a tie (rule 2)
+// best fit among the pool's free blocks (rule 2), with an expandable segment's preference (rule 5): from the best
+// fit, a block of the expandable segment gives way to the next larger one while that one could grow less (its size
+// plus the unmapped range after it). Returns false when no free block fits.
+struct Fit {
+  int64_t size, addr, grow;
+  int64_t seg;  // a segment's address, or -1 / -2: an expandable segment
+  size_t k;
+};
+bool best_free(int64_t size, bool small, Fit& out) {
+  std::vector<Fit> fits;
+  for (auto& [saddr, seg] : g_segs) {
     if (seg.small != small) continue;
     for (size_t k = 0; k < seg.blocks.size(); ++k) {
       const Block& b = seg.blocks[k];
-      if (b.used || b.size < size) continue;
-      if (!best_seg || b.size < best_seg->blocks[best_k].size ||
-          (b.size == best_seg->blocks[best_k].size && b.addr < best_seg->blocks[best_k].addr)) {
-        best_seg = &seg;
-        best_seg_addr = saddr;
-        best_k = k;
-      }
+      if (!b.used && b.size >= size) fits.push_back(Fit{b.size, b.addr, b.size, saddr, k});
     }
   }
-  if (!best_seg) {  // a new segment (rule 3)
+  const XSeg& x = g_x[small ? 0 : 1];
+  for (size_t k = 0; k < x.blocks.size(); ++k) {
+    const XBlock& b = x.blocks[k];
+    if (b.state != kFree || b.size < size) continue;
+    const bool open = k + 1 < x.blocks.size() && x.blocks[k + 1].state == kUnmapped;
+    fits.push_back(Fit{b.size, b.addr, b.size + (open ? x.blocks[k + 1].size : 0), small ? -1 : -2, k});
+  }
+  if (fits.empty()) return false;
+  std::sort(fits.begin(), fits.end(),
+            [](const Fit& a, const Fit& b) { return a.size != b.size ? a.size < b.size : a.addr < b.addr; });
+  size_t i = 0;
+  while (fits[i].seg < 0 && i + 1 < fits.size() && fits[i + 1].grow < fits[i].grow) ++i;
+  out = fits[i];
+  return true;
+}
+
+Entry take_free(const Fit& f, int64_t size) {  // hand out (part of) a free block found by `best_free`
+  if (f.seg < 0) {
+    auto& blocks = g_x[f.seg == -1 ? 0 : 1].blocks;
+    const int64_t rest = blocks[f.k].size - size;
+    blocks[f.k] = XBlock{f.addr, size, kUsed};
+    if (rest > 0) blocks.insert(blocks.begin() + static_cast<std::ptrdiff_t>(f.k) + 1, XBlock{f.addr + size, rest, kFree});
+    g_exp_alloc += size;
+    return Entry{f.seg, f.addr, size};
+  }
+  Segment& seg = g_segs.at(f.seg);
+  auto& blocks = seg.blocks;
+  const int64_t rest = blocks[f.k].size - size;
+  // split (rule 2; with expandable segments on, as soon as 512 B remain, in either pool)
+  if (g_expandable || seg.small ? rest >= kGranule : rest > g_small) {
+    blocks[f.k] = Block{f.addr, size, true};
+    blocks.insert(blocks.begin() + static_cast<std::ptrdiff_t>(f.k) + 1, Block{f.addr + size, rest, false});
+  } else {
+    blocks[f.k].used = true;
+    size = blocks[f.k].size;
+  }
+  return Entry{f.seg, f.addr, size};
+}
+
+// map pages of the pool's expandable segment for `size` bytes (rule 5): the lowest run of free and unmapped blocks
+// that holds it, starting at an unmapped block or at the free block just before one; only the pages the request
+// reaches are mapped. Returns false when the capacity cannot hold them (after `empty_cache`).
+bool map_pages(XSeg& x, int64_t size, bool retried, Entry& out, int64_t seg) {
+  auto& bl = x.blocks;
+  for (size_t k = 0; k < bl.size(); ++k) {
+    if (bl[k].state != kUnmapped) continue;
+    const size_t s = k > 0 && bl[k - 1].state == kFree ? k - 1 : k;
+    const int64_t start = bl[s].addr, end = start + size;
+    int64_t more = 0;
+    size_t e = s;
+    for (; e < bl.size() && bl[e].state != kUsed; ++e) {
+      if (bl[e].state == kUnmapped) more += std::min(bl[e].size, up(end - bl[e].addr, x.page));
+      if (bl[e].addr + bl[e].size >= end) break;
+    }
+    if (e == bl.size() || bl[e].state == kUsed) continue;  // this run is too short
+    if (g_capacity >= 0 && g_reserved + more > g_capacity) {
+      if (retried) return false;
+      empty_cache();
+      return map_pages(x, size, true, out, seg);
+    }
+    // map: the unmapped blocks of the run become free up to the pages the request reaches
+    std::vector<XBlock> run;
+    for (size_t i = s; i <= e; ++i) {
+      XBlock b = bl[i];
+      if (b.state == kUnmapped) {
+        const int64_t m = std::min(b.size, up(end - b.addr, x.page));
+        run.push_back(XBlock{b.addr, m, kFree});
+        if (m < b.size) run.push_back(XBlock{b.addr + m, b.size - m, kUnmapped});
+      } else {
+        run.push_back(b);
+      }
+    }
+    // merge the free blocks at the run's start (the request lies in them), then hand out its low part
+    XBlock head = run[0];
+    size_t j = 1;
+    while (j < run.size() && run[j].state == kFree) head.size += run[j++].size;
+    std::vector<XBlock> repl{XBlock{start, size, kUsed}};
+    if (head.size > size) repl.push_back(XBlock{start + size, head.size - size, kFree});
+    repl.insert(repl.end(), run.begin() + static_cast<std::ptrdiff_t>(j), run.end());
+    bl.erase(bl.begin() + static_cast<std::ptrdiff_t>(s), bl.begin() + static_cast<std::ptrdiff_t>(e) + 1);
+    bl.insert(bl.begin() + static_cast<std::ptrdiff_t>(s), repl.begin(), repl.end());
+    const size_t last = s + repl.size() - 1;  // a free remainder merges with a free block after the run
+    if (bl[last].state == kFree && last + 1 < bl.size() && bl[last + 1].state == kFree) {
+      bl[last].size += bl[last + 1].size;
+      bl.erase(bl.begin() + static_cast<std::ptrdiff_t>(last) + 1);
+    }
+    x.mapped += more;
+    g_exp_reserved += more;
+    g_reserved += more;
+    g_peak_reserved = std::max(g_peak_reserved, g_reserved);
+    g_exp_alloc += size;
+    out = Entry{seg, start, size};
+    return true;
+  }
+  return false;  // (the tail is unmapped and never ends: not reached)
+}
+
+Entry carve(int64_t nbytes) {  // rules 1-3 and 5
+  int64_t size = std::max(kGranule, up(nbytes, kGranule));
+  const bool small = size <= g_small;
+  Fit f;
+  Entry e;
+  if (best_free(size, small, f)) {
+    e = take_free(f, size);
+  } else if (g_expandable) {
+    if (!map_pages(g_x[small ? 0 : 1], size, false, e, small ? -1 : -2)) oom(size);
+  } else {  // a new segment (rule 3)
     const int64_t seg_size = small ? g_small_seg : size < g_large ? g_mid_seg : up(size, g_page);
     fits(seg_size, size);
-    best_seg_addr = g_next;
+    const int64_t addr = g_next;
     g_next += seg_size + g_page;
-    best_seg = &g_segs[best_seg_addr];
-    best_seg->size = seg_size;
-    best_seg->small = small;
-    best_seg->blocks.push_back(Block{best_seg_addr, seg_size, false});
+    Segment& seg = g_segs[addr];
+    seg.size = seg_size;
+    seg.small = small;
+    seg.blocks.push_back(Block{addr, seg_size, false});
     g_reserved += seg_size;
     g_peak_reserved = std::max(g_peak_reserved, g_reserved);
-    best_k = 0;
+    e = take_free(Fit{seg_size, addr, seg_size, addr, 0}, size);
   }
-  auto& blocks = best_seg->blocks;
-  const int64_t addr = blocks[best_k].addr, rest = blocks[best_k].size - size;
-  if (best_seg->small ? rest >= kGranule : rest > g_small) {  // split (rule 2)
-    blocks[best_k] = Block{addr, size, true};
-    blocks.insert(blocks.begin() + static_cast<std::ptrdiff_t>(best_k) + 1, Block{addr + size, rest, false});
-  } else {
-    blocks[best_k].used = true;
-    size = blocks[best_k].size;
-  }
-  g_alloc += size;
+  g_alloc += e.size;
   g_peak = std::max(g_peak, g_alloc);
-  return Entry{best_seg_addr, addr, size};
+  return e;
 }
 
 void release(const Entry& e) {  // rule 4
   g_alloc -= e.size;
-  if (e.seg < 0) {
+  if (e.seg < 0) {  // rule 5: the block merges with free neighbours; its pages stay mapped
     g_exp_alloc -= e.size;
+    auto& bl = g_x[e.seg == -1 ? 0 : 1].blocks;
+    auto it = std::lower_bound(bl.begin(), bl.end(), e.addr, [](const XBlock& b, int64_t a) { return b.addr < a; });
+    it->state = kFree;
+    auto next = it + 1;
+    if (next != bl.end() && next->state == kFree) {
+      it->size += next->size;
+      it = bl.erase(next) - 1;
+    }
+    if (it != bl.begin() && (it - 1)->state == kFree) {
+      (it - 1)->size += it->size;
+      bl.erase(it);
+    }
     return;
   }
   auto& blocks = g_segs.at(e.seg).blocks;
@@ -208,6 +340,13 @@ void bind(pybind11::module_& m) {
     std::tie(g_small, g_small_seg, g_mid_seg, g_large, g_page) = std::tie(small, small_seg, mid_seg, large, page);
     g_segs.clear();
     g_live.clear();
+    for (int i = 0; i < 2; ++i) {  // rule 5: pages of 2 MiB in the small pool, 20 MiB in the large one
+      XSeg& x = g_x[i];
+      x.base = (int64_t(1) << 52) + i * (kRange + (int64_t(1) << 40));
+      x.page = i == 0 ? small_seg : mid_seg;
+      x.mapped = 0;
+      x.blocks.assign(1, XBlock{x.base, kRange, kUnmapped});
+    }
     g_alloc = g_peak = g_reserved = g_peak_reserved = g_exp_alloc = g_exp_reserved = g_ooms = 0;
     g_on.store(true);
   });
@@ -245,6 +384,18 @@ void bind(pybind11::module_& m) {
       std::vector<std::tuple<int64_t, int64_t, bool>> blocks;
       for (const auto& b : seg.blocks) blocks.emplace_back(b.addr, b.size, b.used);
       out.emplace_back(seg.small, std::move(blocks));
+    }
+    for (int i = 0; i < 2; ++i) {  // each run of mapped pages of an expandable segment, as one segment
+      std::vector<std::tuple<int64_t, int64_t, bool>> blocks;
+      for (const XBlock& b : g_x[i].blocks) {
+        if (b.state != kUnmapped) {
+          blocks.emplace_back(b.addr, b.size, b.state == kUsed);
+        } else if (!blocks.empty()) {
+          out.emplace_back(i == 0, std::move(blocks));
+          blocks.clear();
+        }
+      }
+      if (!blocks.empty()) out.emplace_back(i == 0, std::move(blocks));
     }
     return out;
   });

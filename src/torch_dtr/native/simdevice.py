@@ -40,11 +40,17 @@ from ..eager.device import GRANULE, SMALL, Device, Segment
 #    that is entirely free is released first (as the allocator's ``release_cached_blocks``); if it still
 #    does not fit, ``OutOfMemoryError``.
 # 4. A freed block merges with free neighbours in its segment.
-# 5. ``expandable=True`` models expandable segments: requests made while it is set come from one segment
-#    that grows and shrinks by 2 MiB pages, without fragmentation: it reserves its allocated bytes rounded
-#    up to pages (kept until ``empty_cache``, as mapped pages are), and a request fits when the other
-#    segments plus the pages it needs are within the capacity. It may be switched on at run time (as
-#    ``torch.cuda.memory._set_allocator_settings``): blocks made before keep their segments.
+# 5. ``expandable=True`` models expandable segments (read from PyTorch's allocator, 2.5-2.11): each pool has one
+#    virtual range, mapped in pages (2 MiB in the small pool, 20 MiB in the large one). A request takes the best
+#    fitting free block of its pool (rule 2), except that a free block of the range gives way to the next larger
+#    one while that one could grow less (its size plus the unmapped range after it); blocks split as soon as
+#    512 B remain, in either pool. When none fits, pages are mapped: at the lowest unmapped range (or the free
+#    block just before it) where free and unmapped blocks together hold the request, only the pages it reaches.
+#    A freed block merges with free neighbours and its pages stay mapped (reserved) until ``empty_cache`` or an
+#    out-of-memory retry, which unmap the whole pages inside free blocks (a free block's edge pages stay). So
+#    reserved bytes exceed allocated ones where freed holes are too small for later requests, as on a GPU.
+#    It may be switched on at run time (as ``torch.cuda.memory._set_allocator_settings``): blocks made before
+#    keep their segments, and their free blocks still serve requests.
 # 6. ``scale`` multiplies every size above but the 512 B rounding (1 MiB, 2 MiB, 10 MiB, 20 MiB), so that
 #    tests on small tensors meet the fragmentation that real programs meet on large ones.
 # 7. What it counts: every block of PyTorch's CPU allocator while entered, an op's scratch memory included (as
@@ -56,6 +62,7 @@ class SimulatedDevice(Device):
     """A CUDA-like caching allocator with a capacity, over the CPU (NOTE [ Simulated allocator ])."""
 
     name = "simulated"
+    cheap_layout = True  # its own records (NOTE [ Layout-aware eviction ])
 
     def __init__(self, capacity: int | str | None = None, *, expandable: bool = False, scale: float = 1.0) -> None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import DEFAULT_POLICY, Runtime, Storage
+from ..core import Storage
 from ..core.arena import Request, check, first_fit, max_live, plan
 from ..core.errors import BudgetError
 from ..core.memory import Memory
 from .replay import THRASH_AT, budget_for
-from .trace import Trace, TraceReplay, _Thrash, trace_peak
+from .trace import Trace, TraceReplay, _Thrash, trace_peak, trace_runtime
 
 
 class Recording(Memory):
@@ -85,8 +85,7 @@ def arena_for_trace(trace: Trace, *, ratio: float | None = None, budget: int | N
     if ratio is not None or budget is not None:
         budget = budget_for(ratio, budget, lambda: trace_peak(trace), "arena_for_trace")
     mem = Recording()
-    rt = Runtime(budget, policy or trace.options.get("policy", DEFAULT_POLICY), memory=mem, lazy_tracking=True,
-                 banish_depth=trace.options.get("banish_depth", 2))
+    rt = trace_runtime(trace, budget, policy, memory=mem)
     status = "ok"
     try:
         TraceReplay(trace, rt, thrash_at).run()

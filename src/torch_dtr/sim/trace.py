@@ -317,23 +317,30 @@ class TraceReplay:
             fake.op = made[0].op
 
 
+def trace_runtime(trace: Trace, budget: int | None, policy: str | Policy | None = None,
+                  **runtime_options: Any) -> Runtime:
+    """A core with the traced session's options (its policy, banishing depth and smallest victim, unless given) at
+    ``budget``, for a replay of ``trace``."""
+    o = trace.options
+    runtime_options.setdefault("banish_depth", o.get("banish_depth", 2))
+    runtime_options.setdefault("evict_minimum", o.get("evict_minimum", 0))
+    return Runtime(budget, policy or o.get("policy", DEFAULT_POLICY), lazy_tracking=True, **runtime_options)
+
+
 def simulate_trace(trace: Trace, policy: str | Policy | None = None, *, ratio: float | None = None,
                    budget: int | None = None, peak: int | None = None, thrash_at: float | None = THRASH_AT,
                    **runtime_options: Any) -> Outcome:
     """Replay ``trace`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known), with the
     traced session's policy and banishing depth unless given."""
     budget = budget_for(ratio, budget, lambda: peak if peak is not None else trace_peak(trace), "simulate_trace")
-    policy = policy or trace.options.get("policy", DEFAULT_POLICY)
-    runtime_options.setdefault("banish_depth", trace.options.get("banish_depth", 2))
-    rt = Runtime(budget, policy, lazy_tracking=True, **runtime_options)
+    rt = trace_runtime(trace, budget, policy, **runtime_options)
     rp = TraceReplay(trace, rt, thrash_at)
     return outcome(rp, rt, rp.base, ratio, budget)
 
 
 def trace_peak(trace: Trace) -> int:
     """Peak tracked bytes (constants included) of the trace replayed without a budget."""
-    rt = Runtime(None, trace.options.get("policy", DEFAULT_POLICY), lazy_tracking=True,
-                 banish_depth=trace.options.get("banish_depth", 2))
+    rt = trace_runtime(trace, None)
     TraceReplay(trace, rt, None).run()
     return rt.memory.peak
 
@@ -349,8 +356,7 @@ def smallest_trace_budget(trace: Trace, policy: str | Policy | None = None, *, m
         raise ValueError(f"torch_dtr: max_overhead must be >= 1 (a multiple of one pass), got {max_overhead!r}")
     if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, int) or tolerance < 1):
         raise ValueError(f"torch_dtr: tolerance must be an int >= 1 (bytes), got {tolerance!r}")
-    rt = Runtime(None, policy or trace.options.get("policy", DEFAULT_POLICY), lazy_tracking=True,
-                 banish_depth=trace.options.get("banish_depth", 2))
+    rt = trace_runtime(trace, None, policy)
     TraceReplay(trace, rt, None).run()
     peak, floor = rt.memory.peak, rt.floor
     tol = tolerance if tolerance is not None else max(1, peak // 1000)
