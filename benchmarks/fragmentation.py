@@ -7,12 +7,14 @@ docs/img/fragmentation.png.
 
     python benchmarks/fragmentation.py            # about 10 minutes on 2 cores
     python benchmarks/fragmentation.py --quick    # small sizes, a minute
+    python benchmarks/fragmentation.py --replot   # the doc and plot again from docs/fragmentation.json
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
 import time
 from pathlib import Path
@@ -25,6 +27,7 @@ from torch_dtr.bench.workloads import SIZES, build, describe
 from torch_dtr.core.errors import fmt_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
+JSON = ROOT / "docs" / "fragmentation.json"
 RATIOS = (0.8, 0.65, 0.5)
 STEPS = 3  # measured after one warm-up step (the optimizer's state made)
 
@@ -72,7 +75,12 @@ def _measure(name: str, quick: bool, expandable: bool, ratio: float | None, peak
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="write the doc and plot from the last run's JSON")
     args = ap.parse_args()
+    if args.replot:
+        saved = json.loads(JSON.read_text())
+        write(saved["results"], saved["quick"], saved["seconds"], saved["date"])
+        return
     t0 = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
     for name in ("gpt2", "resnet50", "lstm"):
@@ -111,9 +119,11 @@ def _blind(row: dict[str, Any] | None) -> str:
     return _over(row) + ("" if row["status"] == "ok" else f" ({row['status']})")
 
 
-def write(results: dict[str, dict[str, Any]], quick: bool, seconds: float) -> None:
+def write(results: dict[str, dict[str, Any]], quick: bool, seconds: float, date: str | None = None) -> None:
+    date = date or str(datetime.date.today())
+    JSON.write_text(json.dumps({"date": date, "quick": quick, "seconds": seconds, "results": results}, indent=1))
     lines = ["# What a budget leaves the device holding (issue 52)", "",
-             f"{datetime.date.today()}, {platform.machine()} CPU (no GPU), Python {platform.python_version()}, torch "
+             f"{date}, {platform.machine()} CPU (no GPU), Python {platform.python_version()}, torch "
              f"{torch.__version__}; `python benchmarks/fragmentation.py{' --quick' if quick else ''}` "
              f"({seconds / 60:.0f} min). Each workload trains {STEPS} steps after a warm-up step (under the budget "
              f"where there is one) on the simulated CUDA "
@@ -137,18 +147,18 @@ def write(results: dict[str, dict[str, Any]], quick: bool, seconds: float) -> No
                          f"{fmt_bytes(e['reserved'])} | {_ratio(e)} | {_over(e)} | "
                          f"{_blind(b)} | {_over(s)} |")
 
-    def worst(key: str) -> str:
-        ok = [row for r in results.values() for row in r[key] if row["budget"] and row["status"] == "ok"]
-        return f"{max(row['reserved'] / row['budget'] for row in ok):.2f}" if ok else "-"
+    def worst(rows: list[dict[str, Any]]) -> str:
+        ok = [row["reserved"] / row["budget"] for row in rows if row["budget"] and row["status"] == "ok"]
+        return f"{max(ok):.2f}" if ok else "-"
 
-    lines += ["", f"Where a run trained under a budget, the device held up to {worst('expandable')}x the budget with "
-              f"layout-aware eviction and {worst('blind')}x without it (issue 52's target: within the budget, reserved "
-              f"/ allocated at most 1.05); plain PyTorch's own reserved / allocated stays near 1. Evicting scattered "
-              f"tensors leaves holes that later, larger requests cannot use, so the range grows at its end; H200 "
-              f"figures for GPT-2 small without layout-aware eviction (docs/benchmarks-cuda.md): 1.41 at 50% and 1.57 "
-              f"at 37%. What layout-aware eviction does not reach: each pool's pages stay mapped at its own high-water "
-              f"mark, so a program whose small activations and large temporaries peak at different times (the LSTM "
-              f"loop) holds their sum.", ""]
+    per = "; ".join(f"{name} {worst(r['expandable'])} with, {worst(r['blind'])} without" for name, r in results.items())
+    lines += ["", f"The most the device held, as a multiple of the budget, where a run trained under one: {per} "
+              f"layout-aware eviction (issue 52's target: within the budget, reserved / allocated at most 1.05); plain "
+              f"PyTorch's own reserved / allocated stays near 1. Evicting scattered tensors leaves holes that later, "
+              f"larger requests cannot use, so the range grows at its end; H200 figures for GPT-2 small without "
+              f"layout-aware eviction (docs/benchmarks-cuda.md): 1.41 at 50% and 1.57 at 37%. What layout-aware "
+              f"eviction does not reach: each pool's pages stay mapped at its own high-water mark, so a program whose "
+              f"small activations and large temporaries peak at different times (the LSTM loop) holds their sum.", ""]
     lines += ["With the device's capacity set to the budget (so that the device may hold no more than it), under "
               "expandable segments:", "", "| workload | budget | outcome | out-of-memory retries | evictions | "
               "recomputations |", "| --- | --- | --- | --- | --- | --- |"]
@@ -172,22 +182,25 @@ def _plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.4), sharey=True)
+    series = (("expandable", "layout-aware eviction"), ("blind", "without it"), ("segments", "no expandable segments"))
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6))
     for ax, (name, r) in zip(axes, results.items(), strict=True):
-        labels = ["plain" if row["ratio"] is None else f"{row['ratio']:.0%}" for row in r["expandable"]]
+        labels = [f"{row['ratio']:.0%}" for row in r["expandable"][1:]]
         x = range(len(labels))
-        for off, key, label in ((-0.2, "expandable", "expandable segments"), (0.2, "segments", "without")):
-            vals = [row["reserved"] / row["allocated"] if row["allocated"] else 0 for row in r[key]]
-            bars = ax.bar([i + off for i in x], vals, 0.4, label=label)
-            for b, row in zip(bars, r[key], strict=True):
+        for j, (key, label) in enumerate(series):
+            rows = r[key][1:] if key != "blind" else r[key]
+            vals = [row["reserved"] / row["budget"] for row in rows]
+            bars = ax.bar([i + (j - 1) * 0.27 for i in x], vals, 0.27, label=label)
+            for bar, row in zip(bars, rows, strict=True):
                 if row["status"] != "ok":
-                    ax.annotate("fail", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", fontsize=7)
+                    ax.annotate("fail", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", fontsize=7)
         ax.axhline(1.05, color="grey", lw=0.8, ls="--")
         ax.set_xticks(list(x), labels)
+        ax.set_xlabel("budget (of plain's peak allocated)")
         ax.set_title(name)
         ax.set_ylim(0.9, None)
-    axes[0].set_ylabel("peak reserved / peak allocated")
-    axes[0].legend(fontsize=8)
+    axes[0].set_ylabel("peak reserved / budget")
+    axes[0].legend(fontsize=7)
     fig.suptitle("Simulated CUDA caching allocator under a budget (dashed: issue 52's 1.05)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
