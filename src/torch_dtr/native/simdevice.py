@@ -40,7 +40,7 @@ from ..eager.device import GRANULE, SMALL, Device, Segment
 #    that is entirely free is released first (as the allocator's ``release_cached_blocks``); if it still
 #    does not fit, ``OutOfMemoryError``.
 # 4. A freed block merges with free neighbours in its segment.
-# 5. ``expandable=True`` models expandable segments (read from PyTorch's allocator, 2.5-2.11): each pool has one
+# 5. ``expandable=True`` models expandable segments (as CUDACachingAllocator.cpp does it in 2.11): each pool has one
 #    virtual range, mapped in pages (2 MiB in the small pool, 20 MiB in the large one). A request takes the best
 #    fitting free block of its pool (rule 2), except that a free block of the range gives way to the next larger
 #    one while that one could grow less (its size plus the unmapped range after it); blocks split as soon as
