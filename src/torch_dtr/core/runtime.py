@@ -848,9 +848,9 @@ class Runtime:
                 continue
             if layout is not None:  # NOTE [ Layout-aware eviction ]: once per call
                 victims, layout = layout(nbytes) if nbytes > 0 else (), None
-                cands = self.candidates
-                for s in victims:
-                    if s in cands and s.resident and not s.locks:
+                cands, soft = self.candidates, self._soft
+                for s in victims:  # (not what an unheld plan's next steps read: the policy keeps those last too)
+                    if s in cands and s.resident and not s.locks and not (soft and soft.get(s)):
                         self._evict(s, "evict")
                 continue
             victim = self._choose()
