@@ -137,15 +137,16 @@ def write(results: dict[str, dict[str, Any]], quick: bool, seconds: float, date:
              "eviction ] in src/torch_dtr/eager/device.py; the default on the simulated device), then the same "
              "budgets without it, and without expandable segments:", "",
              "| workload | budget | outcome | allocated | reserved | reserved / allocated | reserved / budget | "
-             "without layout-aware eviction: reserved / budget | without expandable segments: reserved / budget |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "recomputations | without layout-aware eviction: reserved / budget | recomputations | without "
+             "expandable segments: reserved / budget |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
         blind = [None, *r["blind"]]
         for e, b, s in zip(r["expandable"], blind, r["segments"], strict=True):
             budget = "plain" if e["ratio"] is None else f"{e['ratio']:.0%}"
             lines.append(f"| {name} | {budget} | {e['status']} | {fmt_bytes(e['allocated'])} | "
-                         f"{fmt_bytes(e['reserved'])} | {_ratio(e)} | {_over(e)} | "
-                         f"{_blind(b)} | {_over(s)} |")
+                         f"{fmt_bytes(e['reserved'])} | {_ratio(e)} | {_over(e)} | {e.get('remats', '-')} | "
+                         f"{_blind(b)} | {'-' if b is None else b.get('remats', '-')} | {_over(s)} |")
 
     def worst(rows: list[dict[str, Any]]) -> str:
         ok = [row["reserved"] / row["budget"] for row in rows if row["budget"] and row["status"] == "ok"]

@@ -158,8 +158,8 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    seed) went by the fallback, and AdamW's first weight write rescued them by recomputing 1.7-1.9k ops (NOTE
 #    [ Changed inputs ]). Live sessions use 64 B (``EVICT_MINIMUM`` in eager/front.py, both front ends; in the
 #    traces' header so that replays keep it): that LSTM loop at 45% of its peak, 5 steps, recomputed 9,698
-#    ops instead of 11,623 (2026-11-29); the traced steps' replays at 0.3-0.7 of the peak are unchanged on the
-#    tests' programs. The core's default is 0 (logs and the core's tests count single bytes).
+#    ops instead of 11,623 (2026-11-29, ``python benchmarks/experiments/smallest_victim.py``). The core's
+#    default is 0 (logs and the core's tests count single bytes).
 
 # NOTE [ Banishing ]
 #
