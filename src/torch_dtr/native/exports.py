@@ -26,10 +26,9 @@
 #    tensor, pinned (``Session.unwrap``), instead.
 # 5. Not while ``torch.compile`` traces or another dispatch mode is active (a fake tensor mode reads its example
 #    inputs' storages, and the ops that bring a value back cannot run under it): the read goes through as it
-#    did. A compiled region's kernels read their inputs' memory without the kernel: with no budget nothing is
-#    evicted and they run; under a budget a managed input it reads (or saves for backward) may be evicted
-#    under it, so keep the values that cross into compiled regions plain (``torch_dtr.native`` does not
-#    manage compiled regions yet): a warning says so once per session when one is traced under a budget.
+#    did. A compiled region's kernels read their inputs' memory without the kernel: an inductor region brings
+#    its managed inputs back and pins them before it runs (NOTE [ Unmanaged regions ] 1); with another backend,
+#    keep the values that cross into it plain under a budget.
 # 6. ``t.data = v`` on a constant rebinds ``t`` to another storage without an op, and recipes that read ``t`` hold
 #    ``t`` itself: recomputed, they would read ``v``, and once ``v`` was written in place (an optimizer's step)
 #    they could not run at all ("a tensor it read was written in place since"). As for a write to a constant

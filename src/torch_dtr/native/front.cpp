@@ -399,6 +399,8 @@ at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
 // A capacity (tests: `cpu_blocks_capacity`) makes an allocation that would pass it raise c10's OutOfMemoryError,
 // worded as CUDA's allocator words it, so that out-of-memory retries run on the CPU.
 std::atomic<int64_t> g_blocks_now{0}, g_blocks_peak{0}, g_blocks_capacity{-1};
+// a second peak, read and restarted by compiled regions' plans (`cpu_blocks_mark`), apart from the one users reset
+std::atomic<int64_t> g_blocks_mark{0};
 
 // Freed blocks of 4 KiB or more are kept for reuse by a block of the same size (a training step asks for the
 // same sizes every step): the C library returned large freed blocks to the kernel (mmap, or trimming the heap's
@@ -515,6 +517,9 @@ struct Blocks final : c10::Allocator {
     int64_t peak = g_blocks_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_blocks_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
+    int64_t mark = g_blocks_mark.load(std::memory_order_relaxed);
+    while (now > mark && !g_blocks_mark.compare_exchange_weak(mark, now, std::memory_order_relaxed)) {
+    }
     return {data, data, &release, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -528,6 +533,14 @@ bool cpu_blocks_on() { return c10::GetCPUAllocator() == &g_blocks; }
 std::pair<int64_t, int64_t> cpu_blocks_usage() {  // bytes handed out now, and at most since the last reset
   return {g_blocks_now.load(), g_blocks_peak.load()};
 }
+
+// whether a tensor's data is a block of this allocator (counted in `cpu_blocks_usage`)
+bool cpu_blocks_owns(const at::Tensor& t) {
+  return t.has_storage() && t.storage().data_ptr().get_deleter() == &Blocks::release;
+}
+
+// the most bytes handed out at once since the last call (NOTE [ Compiled regions under a budget ] 4)
+int64_t cpu_blocks_mark() { return g_blocks_mark.exchange(g_blocks_now.load()); }
 
 void cpu_blocks_reset_peak() { g_blocks_peak.store(g_blocks_now.load()); }
 
@@ -2326,6 +2339,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   simalloc::bind(m);
   m.def("cpu_blocks_on", &cpu_blocks_on);
   m.def("cpu_blocks_usage", &cpu_blocks_usage);
+  m.def("cpu_blocks_owns", &cpu_blocks_owns);
+  m.def("cpu_blocks_mark", &cpu_blocks_mark);
   m.def("cpu_blocks_reset_peak", &cpu_blocks_reset_peak);
   m.def("cpu_blocks_capacity", &cpu_blocks_capacity);
   m.def("cpu_blocks_empty", &cpu_blocks_empty);

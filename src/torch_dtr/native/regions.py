@@ -4,9 +4,11 @@ torch.func's transforms.
 # NOTE [ Unmanaged regions ]
 #
 # 1. A torch.compile region's kernels run on plain tensors below dispatch: what they compute is not managed
-#    (never evicted; not counted on the CPU, counted as memory outside torch-dtr's reach on CUDA). When dynamo
-#    starts compiling a frame while a session runs, a warning says so, once per session (dynamo's start callback).
-#    A region compiled before ``enable()`` and only run under it is not seen (as with the Python front end, NOTE
+#    (never evicted). With inductor (torch.compile's default) each region is planned against the budget instead
+#    (NOTE [ Compiled regions under a budget ]); its managed inputs are brought back and pinned before it runs
+#    (its kernels read their memory directly, and it may save them for its backward). A region dynamo compiles
+#    with another backend while a session runs is said once per session (dynamo's end callback). A region
+#    compiled before ``enable()`` and only run under it is not seen (as with the Python front end, NOTE
 #    [ Compiled regions ] 2).
 # 2. Inside torch.func's transforms (vmap, grad, vjp, jvp and what is built on them) ops run on functorch's
 #    wrapped tensors, which the kernel passes through: their work is outside the budget too. While a session runs,
@@ -17,15 +19,18 @@ torch.func's transforms.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 from ..eager.front import _TRANSFORMS
 
-COMPILED = ("torch_dtr: a torch.compile region is compiled while torch_dtr runs; what its compiled kernels compute is "
-            "not managed (never evicted, not counted in the budget on the CPU; on CUDA counted as memory outside "
-            "torch-dtr's reach), unless the backend runs aten ops (backend='eager'), which torch-dtr manages. Leave "
-            "room for it in the budget (NOTE [ Unmanaged regions ]).")
+COMPILED = ("torch_dtr: a torch.compile region is compiled while torch_dtr runs, with a backend other than inductor; "
+            "what its compiled kernels compute is not managed (never evicted, not counted in the budget on the CPU; "
+            "on CUDA counted as memory outside torch-dtr's reach), unless the backend runs aten ops "
+            "(backend='eager'), which torch-dtr manages. Leave room for it in the budget, or compile with inductor "
+            "(the default), whose regions torch-dtr plans against the budget (NOTE [ Unmanaged regions ]).")
 TRANSFORMS = ("torch_dtr: ops inside torch.func transforms (vmap, grad, vjp, jvp, jacrev, ...) are not managed: what "
               "they compute is outside torch-dtr's budget (never evicted; not counted on the CPU, counted as memory "
               "outside its reach on CUDA). Run the transform outside torch_dtr.enable(), or leave room for it in the "
@@ -41,8 +46,16 @@ def watch(session: Any) -> Callable[[], None]:
             session.warned.add(what)
             warnings.warn(what, RuntimeWarning, stacklevel=4)
 
+    planned = _plan_regions(session)
+    made = [0, 0]
+
     def compiling(_args: Any) -> None:
-        say(COMPILED)
+        made[:] = [_made(), _graphs()]
+
+    def compiled(_args: Any) -> None:
+        # more graphs were handed to backends than regions of inductor's made (NOTE [ Unmanaged regions ] 1)
+        if _graphs() - made[1] > _made() - made[0]:
+            say(COMPILED)
 
     def wrapped(orig: Any) -> Any:
         def transform(*args: Any, **kwargs: Any) -> Any:
@@ -54,15 +67,19 @@ def watch(session: Any) -> Callable[[], None]:
     handler = _callbacks()
     if handler is not None:
         handler.register_start_callback(compiling)
+        handler.register_end_callback(compiled)
     for mod, name, orig in _TRANSFORMS:
         setattr(mod, name, wrapped(orig))
 
     def stop() -> None:
         if handler is not None:
-            try:
-                handler.remove_start_callback(compiling)
-            except ValueError:  # already gone
-                pass
+            for remove, fn in ((handler.remove_start_callback, compiling), (handler.remove_end_callback, compiled)):
+                try:
+                    remove(fn)
+                except ValueError:  # already gone
+                    pass
+        if planned is not None:
+            planned()
         for mod, name, orig in _TRANSFORMS:
             setattr(mod, name, orig)
 
@@ -75,3 +92,69 @@ def _callbacks() -> Any:
     except ImportError:  # a torch without dynamo's callbacks: compiled regions go unsaid
         return None
     return callback_handler if hasattr(callback_handler, "register_start_callback") else None
+
+
+def _graphs() -> int:
+    """Graphs dynamo has handed to a backend in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _made() -> int:
+    try:
+        from ..inductor.region import made
+    except ImportError:
+        return 0
+    return made()
+
+
+class _SessionEnv:
+    """What a compiled region asks of a compiled front end's session (NOTE [ Compiled regions under a budget ] 4)."""
+
+    def __init__(self, session: Any) -> None:
+        self.s = session
+        self.before = 0  # the bytes of the last region's inputs allocated before the session (CPU)
+
+    def active(self) -> bool:
+        return bool(self.s.active)
+
+    def budget(self) -> int | None:
+        return self.s.rt.budget
+
+    def live(self, args: Sequence[Any]) -> int:
+        dev = self.s.dev
+        if dev is not None:
+            return int(dev.allocated())
+        ext = self.s.ext
+        before = 0
+        seen: set[int] = set()
+        for a in args:  # inputs allocated before the session (parameters made before enable()) count too
+            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.layout == torch.strided \
+                    and not ext.is_managed(a) and not ext.cpu_blocks_owns(a):
+                st = a.untyped_storage()
+                if st.data_ptr() not in seen:
+                    seen.add(st.data_ptr())
+                    before += st.nbytes()
+        self.before = before
+        return int(ext.cpu_blocks_usage()[0]) + before
+
+    def mark(self) -> int | None:
+        if self.s.dev is not None and str(self.s.dev.name).startswith("cuda"):
+            return None  # not measured on CUDA (its one peak is the user's to reset)
+        return int(self.s.ext.cpu_blocks_mark()) + (0 if self.s.dev is not None else self.before)
+
+    def prepare(self, args: Sequence[Any]) -> None:
+        """Managed inputs are brought back and pinned: the region's kernels read their memory directly."""
+        ext = self.s.ext
+        for a in args:
+            if isinstance(a, torch.Tensor) and ext.is_managed(a):
+                self.s.unwrap(a)
+
+
+def _plan_regions(session: Any) -> Callable[[], None] | None:
+    try:
+        from ..inductor import install
+    except ImportError:  # a torch without inductor's partitioner hook: its regions go unplanned
+        return None
+    return install(_SessionEnv(session))

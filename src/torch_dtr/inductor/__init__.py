@@ -1,0 +1,45 @@
+"""torch.compile regions under a byte budget: inductor's partition of each compiled region chosen so that the
+region fits the memory the budget leaves it.
+
+# NOTE [ Compiled regions under a budget ]
+#
+# 1. While a session runs on the compiled front end, inductor's ``compile_fx`` is wrapped (region.py): a graph
+#    dynamo hands it becomes a ``Region``, compiled at its first call (with that call's tensors), then planned
+#    against the budget. A graph with dynamic shapes is compiled at once, inside dynamo's context, and planned
+#    once. A region compiled before ``enable()`` is not planned (NOTE [ Unmanaged regions ] 1).
+# 2. Its bytes are predicted from the graphs compile's partitioner makes (graphmem.py): each value from the op
+#    that makes it to its last reader, the forward's outputs held into the backward, the backward's saved values
+#    freed after their last reader (as inductor's code frees them), and a pointwise value read by one pointwise
+#    op or reduction fused away. A heuristic of inductor's fusion, not its schedule: on the tests' MLP and the
+#    bench's GPT-2 it reads within about 15% of the allocator's count at most fractions, up to 30% off where
+#    nearly everything is recomputed.
+# 3. The partition (partition.py) is compile's own min-cut partitioner (what ``activation_memory_budget``
+#    drives) at the largest activation memory budget, of 1.0, 0.85, ..., 0.0 and two halvings after, whose
+#    expected bytes fit the allowance: the budget less what lives outside the region when it is called. The
+#    curve need not fall with the fraction (recomputing everything needs more in the backward than recomputing
+#    some); where none fits, the least expected is taken and rule 5 applies.
+# 4. What lives outside (``Env.live``): the device's allocated bytes where a device is followed (CUDA, a
+#    simulated device); on the CPU, the bytes of the front end's CPU allocator (every block allocated while the
+#    session runs, NOTE [ Native front end ] 7) and the region's inputs allocated before it (parameters made
+#    before ``enable()``; other tensors made before it are not seen). Between two calls of a region the
+#    allocator's most in use is measured where it is this front end's (the CPU, a simulated device; a second
+#    peak, ``cpu_blocks_mark``, apart from the one users reset): what a partition was seen to add replaces its
+#    prediction, and scales the others' (``OVER``: a measured peak 1% over the budget). The region is compiled
+#    again, at most ``REPLANS`` times, when what lives outside grew past what its plan left room for (an
+#    optimizer's state appears after the first step), when the budget changed, or when a measured peak passed
+#    the budget.
+# 5. Where no partition is expected to fit, the region runs its graph eagerly under the session, which evicts
+#    and recomputes op by op: eager speed and eager PyTorch's results (bitwise, from then on), said once per
+#    region. The eager runtime bounds what it counts (NOTE [ Budget accounting ]), which on the CPU leaves out
+#    an optimizer's plain state: the allocator's count can pass the budget there.
+# 6. Inductor's numerics do not depend on the partition on the CPU (recomputed values come from the same
+#    kernels): a planned region trains bitwise as compiled plain. ``plans()`` lists every region's choice and
+#    measurements. Managed inputs are brought back and pinned before the compiled kernels read them
+#    (NOTE [ Unmanaged regions ] 1).
+"""
+
+from __future__ import annotations
+
+from .region import REPLANS, Env, install, plans
+
+__all__ = ["REPLANS", "Env", "install", "plans"]

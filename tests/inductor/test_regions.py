@@ -1,0 +1,154 @@
+"""torch.compile (inductor) regions under a byte budget (NOTE [ Compiled regions under a budget ]).
+
+Each program trains compiled without torch-dtr, then compiled under ``torch_dtr.enable(budget=...)`` at the
+share of that run's peak its name says. Memory is the CPU allocator's count (the compiled front end's, NOTE
+[ Native front end ] 7): every block the steps allocate (the batches, made step by step, and the compiled
+kernels' blocks included), with the parameters (made before the session) added. Skipped where the compiled
+front end cannot be built.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_dtr
+from torch_dtr import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the C++ front end cannot be built here")
+inductor = pytest.importorskip("torch_dtr.inductor")
+
+STEPS = 4
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    yield
+    if torch_dtr.enabled():
+        torch_dtr.disable()
+    torch._dynamo.reset()
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256)) for _ in range(6)])
+
+
+def _bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+def _train(model: nn.Module, batches: Callable[[int], tuple], compiled: bool = True, budget: int | None = None):
+    """Losses, final parameters, and the most bytes in use in the steps after the first two (the steady ones:
+    an optimizer's state exists, and the region's plan has settled) or None when no session counted them."""
+    opt = torch.optim.AdamW(model.parameters())
+    run = torch.compile(model) if compiled else model
+    ext = native.load()
+    before = _bytes(*model.parameters())  # made before the session
+    if budget is not None:
+        torch_dtr.enable(budget=budget)
+    else:
+        ext.cpu_blocks(True)
+    losses, peak = [], 0
+    try:
+        for i in range(STEPS):
+            x, y = batches(i)
+            if i == 2:
+                ext.cpu_blocks_reset_peak()
+            loss = (run(x) - y).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        peak = int(ext.cpu_blocks_usage()[1]) + before
+    finally:
+        if budget is not None:
+            torch_dtr.disable()
+        else:
+            ext.cpu_blocks(False)
+    return losses, [p.detach().clone() for p in model.parameters()], peak
+
+
+def _batches(i: int, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(rows, 256, generator=g), torch.randn(rows, 256, generator=g)
+
+
+def test_a_compiled_mlp_trains_at_90_percent_of_compiled_plains_peak_bitwise_as_compiled_plain():
+    """Parameters, AdamW's state and the batch take about a quarter of compiled plain's peak, and compile's
+    partitions save at least about 70% of what saving everything holds: at 90% the region must recompute to fit,
+    and does. (Much lower, no partition fits once the optimizer's state exists: the region then runs eagerly, as
+    the next test shows from the start.)"""
+    batches = _batches
+    want, want_params, plain_peak = _train(_mlp(), batches)
+    torch._dynamo.reset()
+    budget = int(0.9 * plain_peak)
+    got, got_params, peak = _train(_mlp(), batches, budget=budget)
+    [plan] = [p for p in inductor.plans() if p["budget"] == budget]
+    assert got == want and all(torch.equal(a, b) for a, b in zip(want_params, got_params, strict=True))
+    assert plan["fits"] and plan["fraction"] < 1.0, plan  # it recomputes: saving everything does not fit
+    assert peak <= budget * 1.05, (peak, budget, plain_peak, plan)
+
+
+def test_a_region_that_cannot_fit_runs_eagerly_under_the_runtime_bitwise_as_eager_plain():
+    """At 40% of compiled plain's peak no partition fits beside the optimizer's state: the region runs its graph
+    eagerly, op by op under the session (said once), and trains exactly as eager PyTorch."""
+    batches = _batches
+    _, _, plain_peak = _train(_mlp(), batches)
+    want, want_params, _ = _train(_mlp(), batches, compiled=False)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, got_params, _ = _train(_mlp(), batches, budget=int(0.4 * plain_peak))
+    said = [str(w.message) for w in caught if "runs eagerly under torch-dtr" in str(w.message)]
+    assert len(said) == 1, said
+    assert got == want and all(torch.equal(a, b) for a, b in zip(want_params, got_params, strict=True))
+
+
+class _Broken(nn.Module):
+    """Two compiled regions (a graph break between them) over inputs whose batch size changes every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _mlp()[:3], _mlp()[3:]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h)
+
+
+def test_a_graph_break_and_dynamic_shapes_train_compiled_under_a_budget_as_compiled_plain():
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(r, 256, generator=g), torch.randn(r, 256, generator=g)) for r in (384, 512, 448, 512)]
+
+    def train(budget):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _Broken()
+        opt = torch.optim.AdamW(model.parameters())
+        run = torch.compile(model, dynamic=True)
+        if budget is not None:
+            torch_dtr.enable(budget=budget)
+        losses = []
+        try:
+            for x, y in batches:
+                loss = (run(x) - y).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+        finally:
+            if budget is not None:
+                torch_dtr.disable()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    want, want_params = train(None)
+    got, got_params = train(64 << 20)
+    assert got == want and all(torch.equal(a, b) for a, b in zip(want_params, got_params, strict=True))
+    assert len([p for p in inductor.plans() if p["budget"] == 64 << 20]) >= 2  # both sides of the break planned
