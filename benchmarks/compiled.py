@@ -3,8 +3,9 @@ torch-dtr's byte budgets (NOTE [ Compiled regions under a budget ]), side by sid
 on the CPU. Each run is a process of its own: build, compile, train warm-up steps (torch-dtr's plan settles in
 them), then time the measured steps. Memory is the CPU allocator's most in use during the measured steps (the
 compiled front end's count, which sees the compiled kernels' blocks; installed for compile's own runs too) plus
-the parameters and GPT-2's token batches, made before it (the MLP's batches are made in their steps). Budgets are shares of compiled plain's (fraction 1.0) peak measured
-in the same invocation. Writes docs/compiled.md, docs/compiled.json and docs/img/compiled.png.
+the parameters and GPT-2's token batches, made before it (the MLP's batches are made in their steps). Budgets
+are shares of compiled plain's (fraction 1.0) peak measured in the same invocation. Writes docs/compiled.md,
+docs/compiled.json and docs/img/compiled.png.
 
     python benchmarks/compiled.py            # about 25 minutes on 2 cores; run nothing else meanwhile
     python benchmarks/compiled.py --quick    # small sizes, about 4 minutes
