@@ -30,8 +30,9 @@ region fits the memory the budget leaves it.
 #    the budget.
 # 5. Where no partition is expected to fit, the region runs its graph eagerly under the session, which evicts
 #    and recomputes op by op: eager speed and eager PyTorch's results (bitwise, from then on), said once per
-#    region. The eager runtime bounds what it counts (NOTE [ Budget accounting ]), which on the CPU leaves out
-#    an optimizer's plain state: the allocator's count can pass the budget there.
+#    region. Before each such call what lives outside (rule 4) is told to the runtime as its outside count
+#    (NOTE [ Budget accounting ] 4), so that it evicts for the allocator's count, not only for the values it
+#    tracks. Plain work after the region (an optimizer's step and its temporaries) is not evicted for.
 # 6. Inductor's numerics do not depend on the partition on the CPU (recomputed values come from the same
 #    kernels): a planned region trains bitwise as compiled plain. ``plans()`` lists every region's choice and
 #    measurements. Managed inputs are brought back and pinned before the compiled kernels read them

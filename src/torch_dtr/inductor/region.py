@@ -51,6 +51,9 @@ class Env:
         """The most bytes in use at once since the last call (None: not measured here)."""
         return None
 
+    def sync(self, args: Sequence[Any]) -> None:
+        """Before the region's graph runs eagerly under the session: what lives outside, told to its runtime."""
+
     def prepare(self, args: Sequence[Any]) -> None:
         """Before the compiled kernels read ``args``."""
 
@@ -108,6 +111,7 @@ class Region:
             self._compile(args, budget, live)
         if self.choice is not None and not self.choice.fits:
             self._say_eager()
+            env.sync(args)
             return self.gm(*args)  # its ops run under the session, which keeps the budget
         env.prepare(args)
         assert self.fn is not None

@@ -144,6 +144,18 @@ class _SessionEnv:
             return None  # not measured on CUDA (its one peak is the user's to reset)
         return int(self.s.ext.cpu_blocks_mark()) + (0 if self.s.dev is not None else self.before)
 
+    def sync(self, args: Sequence[Any]) -> None:
+        """Before a region runs eagerly: what the runtime does not count (plain values such as an optimizer's
+        state, parameters made before the session) becomes its outside count, so that its evictions keep the
+        allocator's count within the budget (NOTE [ Compiled regions under a budget ] 5)."""
+        s = self.s
+        if s.dev is not None:
+            s.rt.sync()
+            return
+        s.flush()
+        mem = s.rt.memory
+        mem.set_outside(max(0, self.live(args) - mem.tracked))
+
     def prepare(self, args: Sequence[Any]) -> None:
         """Managed inputs are brought back and pinned: the region's kernels read their memory directly."""
         ext = self.s.ext
