@@ -158,7 +158,10 @@ def write(results: dict[str, list[dict[str, Any]]], quick: bool, seconds: float,
         "plus the parameters and GPT-2's token batches, made before it; shares are of compiled plain's (fraction 1.0). "
         "torch-dtr's rows run under `torch_dtr.enable(budget=share x that peak)` (NOTE [ Compiled regions under "
         "a budget ]); **plan**: the activation memory budget torch-dtr chose for the region, and how many times "
-        "it was compiled; *eager* where no partition fitted and the region ran op by op under the runtime.", ""]
+        "it was compiled; *eager* where no partition fitted and the region ran op by op under the runtime. "
+        "Parameters, AdamW's state, the gradients and the optimizer's temporaries are outside any region: where "
+        "they and the smallest working set pass a budget, nothing can keep it, and torch-dtr's run ends in a "
+        "BudgetError naming the floor (failed rows; red crosses in the plot).", ""]
     for name, rows in results.items():
         plain = next((r for r in rows if r.get("kind") == "compile" and r.get("fraction") == 1.0), None)
         if plain is None or "error" in plain:
@@ -210,10 +213,11 @@ def _plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
         for r in rows:
             if r["kind"] == "dtr":
                 ax.axvline(r["budget"] / plain["peak"], color="C0", lw=0.4, ls=":")
-        failed = [r for r in rows if "error" in r]
-        if failed:
-            ax.text(0.02, 0.02, f"{len(failed)} run(s) failed (not drawn)", transform=ax.transAxes, fontsize=7,
-                    color="C3")
+        failed = [r for r in rows if "error" in r and r["kind"] == "dtr"]
+        if failed:  # drawn at their budget, on the top edge
+            top = ax.get_ylim()[1]
+            ax.plot([r["budget"] / plain["peak"] for r in failed], [top] * len(failed), "x", color="C3",
+                    clip_on=False, label="torch-dtr failed (BudgetError: below what it can keep)")
         ax.set_xlabel("peak / compiled plain's peak (dotted: torch-dtr's budgets)")
         ax.set_ylabel("step time / compiled plain's")
         ax.set_title(f"{name}: torch.compile under a memory budget (CPU)")
