@@ -6,7 +6,8 @@ region fits the memory the budget leaves it.
 # 1. While a session runs on the compiled front end, inductor's ``compile_fx`` is wrapped (region.py): a graph
 #    dynamo hands it becomes a ``Region``, compiled at its first call (with that call's tensors), then planned
 #    against the budget. A graph with dynamic shapes is compiled at once, inside dynamo's context, and planned
-#    once. A region compiled before ``enable()`` is not planned (NOTE [ Unmanaged regions ] 1).
+#    once. A region compiled before ``enable()`` is not planned (NOTE [ Unmanaged regions ] 1), nor one compiled
+#    while the user has set inductor's ``custom_partitioner_fn``.
 # 2. Its bytes are predicted from the graphs compile's partitioner makes (graphmem.py): each value from the op
 #    that makes it to its last reader, the forward's outputs held into the backward, the backward's saved values
 #    freed after their last reader (as inductor's code frees them), and a pointwise value read by one pointwise

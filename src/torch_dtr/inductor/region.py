@@ -130,7 +130,7 @@ class Region:
 
     def _compile(self, args: Sequence[Any], budget: int | None, live: int) -> None:
         partitioner = None
-        if budget is not None:
+        if budget is not None and inductor_config.custom_partitioner_fn is None:  # a user's own one is left be
             short = max((m / self.predicted[f] for f, m in self.measured.items() if self.predicted.get(f)), default=1.0)
             partitioner = BudgetPartitioner(budget - live, self.measured, short)
         if self.compiles:
