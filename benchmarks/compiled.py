@@ -7,7 +7,7 @@ the parameters and GPT-2's token batches, made before it (the MLP's batches are 
 are shares of compiled plain's (fraction 1.0) peak measured in the same invocation. Writes docs/compiled.md,
 docs/compiled.json and docs/img/compiled.png.
 
-    python benchmarks/compiled.py            # about 25 minutes on 2 cores; run nothing else meanwhile
+    python benchmarks/compiled.py            # 10-20 minutes on 2 cores; run nothing else meanwhile
     python benchmarks/compiled.py --quick    # small sizes, about 4 minutes
     python benchmarks/compiled.py --replot   # the doc and plot again from docs/compiled.json
 """
