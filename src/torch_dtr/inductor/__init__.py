@@ -3,7 +3,8 @@ region fits the memory the budget leaves it.
 
 # NOTE [ Compiled regions under a budget ]
 #
-# 1. While a session runs on the compiled front end, inductor's ``compile_fx`` is wrapped (region.py): a graph
+# 1. While a session runs on the compiled front end, inductor's ``compile_fx`` is wrapped (region.py; from
+#    dynamo's first compile in the session on, so that ``enable()`` does not import inductor, ~2 s): a graph
 #    dynamo hands it becomes a ``Region``, compiled at its first call (with that call's tensors), then planned
 #    against the budget. A graph with dynamic shapes is compiled at once, inside dynamo's context, and planned
 #    once. A region compiled before ``enable()`` is not planned (NOTE [ Unmanaged regions ] 1), nor one compiled

@@ -46,10 +46,12 @@ def watch(session: Any) -> Callable[[], None]:
             session.warned.add(what)
             warnings.warn(what, RuntimeWarning, stacklevel=4)
 
-    planned = _plan_regions(session)
+    planned: list[Callable[[], None] | None] = []  # installed at dynamo's first compile (inductor imports in ~2 s)
     made = [0, 0]
 
     def compiling(_args: Any) -> None:
+        if not planned and session.active:
+            planned.append(_plan_regions(session))
         made[:] = [_made(), _graphs()]
 
     def compiled(_args: Any) -> None:
@@ -78,8 +80,8 @@ def watch(session: Any) -> Callable[[], None]:
                     remove(fn)
                 except ValueError:  # already gone
                     pass
-        if planned is not None:
-            planned()
+        if planned and planned[0] is not None:
+            planned[0]()
         for mod, name, orig in _TRANSFORMS:
             setattr(mod, name, orig)
 
