@@ -34,7 +34,7 @@ from .memory import Drop, Memory
 from .policies import DEFAULT_POLICY, Policy, get_policy
 from .records import Op, Storage
 from .swap import Tier
-from .trackers import TRACKERS, Chain
+from .trackers import TRACKERS, Chain, Components, comp_extra
 
 __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_bytes", "internal_assert"]
 
@@ -1191,9 +1191,14 @@ class Runtime:
         best, best_score = None, math.inf
         self.scored += len(pool)
         if self.policy.h_dtr:  # the same loop with the default's score inline (the hot path of evicting)
+            # the default tracker's ``extra`` called as the typed function it is (the same value; a bound
+            # method called through ``Any`` cost about half the search on the bench's LSTM loop)
+            comp = type(self.tracker) is Components and bound == 0.0
+            lo = float(floor)
+            s: Storage
             for s in pool:
                 n = s.nbytes
-                if s.locks or n < floor or n == 0:
+                if s.locks or n < lo or n == 0:
                     continue
                 op = s.op
                 c = op.cost if op is not None else 0.0
@@ -1202,6 +1207,8 @@ class Runtime:
                     v = (c + 0.0) / d
                 elif bound is not None and (c + bound) / d >= best_score:
                     continue
+                elif comp:
+                    v = (c + comp_extra(s)) / d
                 else:
                     v = (c + extra(s)) / d
                 if v < best_score:

@@ -408,30 +408,43 @@ class Components(Tracker):
             c.cost = 0.0
 
     def extra(self, s: Storage) -> Any:
-        first = None
-        more: dict[Component, None] | None = None
-        op = s.op
-        groups: Any = [op.inputs] if op is not None else []
-        groups.extend(c.outputs for c in s.children)
-        for group in groups:
-            for n in group:
-                c = n.aux
-                if c is None or n.resident:
-                    continue
-                if first is None:
-                    first = c
-                elif c is not first:
-                    if more is None:
-                        more = {first: None}
-                    more[c] = None
-        if first is None:
-            return 0
-        if more is None:
-            return 0 + first.cost
-        return sum(c.cost for c in more)
+        return comp_extra(s)
 
     def grouped(self, s: Storage) -> bool:
         return s.aux is not None
+
+
+def comp_extra(s: Storage) -> float:
+    """``Components.extra``: the summed cost of the distinct components of ``s``'s evicted neighbours (recipe
+    inputs, then readers' outputs), added in the order first seen. A typed function that builds no list of
+    the neighbours (and none at all where fewer than two components border ``s``): the eviction search calls
+    it for most candidates (``Runtime._best``)."""
+    first: Component | None = None
+    more: list[Component] | None = None
+    op = s.op
+    ins: Sequence[Storage] = op.inputs if op is not None else ()
+    children = s.children
+    for i in range(-1, len(children)):
+        group = ins if i < 0 else children[i].outputs
+        for n in group:
+            c: Component | None = n.aux
+            if c is None or n.resident:
+                continue
+            if first is None:
+                first = c
+            elif c is not first:
+                if more is None:
+                    more = [first, c]
+                elif c not in more:
+                    more.append(c)
+    if first is None:
+        return 0.0
+    if more is None:
+        return first.cost
+    total = 0.0
+    for c in more:
+        total += c.cost
+    return total
 
 
 TRACKERS: dict[str, Callable[[], Tracker]] = {
