@@ -74,3 +74,40 @@ def test_the_readme_cpu_table_is_its_record() -> None:
     text = (ROOT / "README.md").read_text()
     assert readme_with_table(text, record) == text, "run: python -m torch_dtr.bench.report --readme"
     assert f"torch {record['machine'].split('torch ')[1][:4]}, {record['date']}" in text, "the table's conditions"
+
+
+def test_the_readme_gpu_figures_are_their_records() -> None:
+    """The README's GPU paragraph is computed from the lent sessions' records (docs/gpu/*.json) by
+    ``python -m torch_dtr.bench.report --readme``: ranges over every session that ran a contender (not the best
+    one), and how many budgeted runs passed their budget; a hand edit or a new record fails here."""
+    from torch_dtr.bench.gpu_figures import BEGIN, END, paragraph, with_paragraph
+
+    text = (ROOT / "README.md").read_text()
+    assert with_paragraph(text, ROOT / "docs" / "gpu") == text, "run: python -m torch_dtr.bench.report --readme"
+    said = text.split(BEGIN)[1].split(END)[0]
+    assert "passed" in said and "1.00x" in said, said  # the budgets passed are said, and the default's best is in range
+    assert paragraph(ROOT / "docs" / "gpu") in said
+
+
+def test_gpu_figures_count_a_passed_budget(tmp_path: Path) -> None:
+    """A record whose run passed its budget is counted as passed, with its excess, and a range covers every
+    session: the paragraph cannot show only the best run or hide a budget passed."""
+    import json
+    import shutil
+
+    from torch_dtr.bench.gpu_figures import paragraph
+
+    src = ROOT / "docs" / "gpu"
+    for f in src.glob("*.json"):
+        shutil.copy(f, tmp_path / f.name)
+    before = paragraph(tmp_path)
+    rec = json.loads((src / "h100-2026-11-27-native-6.json").read_text())
+    for c in rec["workloads"]["gpt2-small"]["contenders"]:
+        if c["label"] == "torch-dtr native 50%, compiled core":
+            c["max_allocated"] = c["budget"] + 5000 * 2**20  # 5,000 MiB over
+            c["step_s"] *= 3
+    (tmp_path / "h100-2099-01-01-native-9.json").write_text(json.dumps(rec))
+    after = paragraph(tmp_path)
+    assert after != before
+    assert "not always within the budget" in after and "5000.0 MiB" in after
+    assert "(4 sessions: H100, H200)" in after

@@ -312,16 +312,20 @@ def readme_with_table(readme: str, results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_dtr.bench.report [docs/benchmarks.json]``: re-render benchmarks.md from a run's record;
-    ``--readme [README.md] [docs/benchmarks.json]``: regenerate the README's CPU table from it."""
+    ``--readme [README.md] [docs/benchmarks.json]``: regenerate the README's CPU table from it and its GPU figures
+    from the records beside it (docs/gpu/*.json: ``gpu_figures``)."""
     import json
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--readme"]:
+        from .gpu_figures import with_paragraph
+
         path = Path(args[1] if len(args) > 1 else "README.md")
         record = Path(args[2] if len(args) > 2 else "docs/benchmarks.json")
-        path.write_text(readme_with_table(path.read_text(), json.loads(record.read_text())))
-        print(f"{path}: the CPU table regenerated from {record}")
+        gpu = record.parent / "gpu"
+        path.write_text(with_paragraph(readme_with_table(path.read_text(), json.loads(record.read_text())), gpu))
+        print(f"{path}: the CPU table regenerated from {record}, the GPU figures from {gpu}/*.json")
         return 0
     src = Path(args[0] if args else "docs/benchmarks.json")
     print(write(json.loads(src.read_text()), src.parent))
