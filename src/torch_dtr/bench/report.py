@@ -141,10 +141,10 @@ def _workload(name: str, w: dict, img: Path, out: Path) -> list[str]:
     if search.get("floor"):
         lines += [f"What sets that floor: at {_mib(search['floor_budget'])} MiB a step failed with "
                   f"`{search['floor'][:600]}`", ""]
-    lines += ["| contender | budget | step (s) | vs plain | tracked peak (MiB) | RSS (MiB) | RSS over base (MiB) | "
-              "evictions / step | recomputations / step | remat (s / step) | search (s / step) | user code lines | "
-              "note |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["| contender | budget | step (s) | vs plain | tracked peak (MiB) | budget held | RSS (MiB) | "
+              "RSS over base (MiB) | evictions / step | recomputations / step | remat (s / step) | search (s / step) | "
+              "user code lines | note |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, r in cs.items():
         lines.append(_row(label, r, p_step))
     full = cs.get("torch-dtr 100%", {})
@@ -177,6 +177,14 @@ def _workload(name: str, w: dict, img: Path, out: Path) -> list[str]:
     return lines + [""]
 
 
+def _held(r: dict) -> str:
+    """Whether a run with a byte budget kept it (its tracked peak), or by how much it passed it."""
+    budget, peak = r.get("budget"), r.get("peak_tracked")
+    if not budget or peak is None:
+        return "-"
+    return "yes" if peak <= budget else f"no: +{(peak - budget) / MiB:,.1f} MiB"
+
+
 def _row(label: str, r: dict, p_step: float | None) -> str:
     spec = r.get("spec", {})
     step = r.get("step_s")
@@ -202,7 +210,7 @@ def _row(label: str, r: dict, p_step: float | None) -> str:
     if r.get("compile_s"):
         note = (note + "; " if note else "") + f"first step incl. compile {r['compile_s']:.0f} s"
     lines_of_code = LINES.get(spec.get("kind", r.get("kind", "")), "-")
-    return (f"| {label} | {budget} | {step_txt} | {ratio} | {_mib(r.get('peak_tracked'))} | "
+    return (f"| {label} | {budget} | {step_txt} | {ratio} | {_mib(r.get('peak_tracked'))} | {_held(r)} | "
             f"{_mib(r.get('peak_rss'))} | {_mib(r.get('rss_over_base'))} | {counters} | {lines_of_code} | {note} |")
 
 
