@@ -101,8 +101,9 @@ def test_a_pinned_value_without_handles_hands_its_readers_the_pin_whatever_their
     full_check(rt)
 
 
-def test_a_pinned_value_stays_while_a_reader_is_evicted() -> None:
-    # a reader whose output is evicted still needs c to come back: c stays, resident, and a comes back right
+def test_a_pinned_value_stays_while_a_held_reader_is_evicted() -> None:
+    # a reader whose output is evicted and held still needs c to come back: c stays, resident, and a comes back
+    # right (NOTE [ Banishing ] 7 does not bring held values back where a handle dies)
     d = Driver(None, "dtr_eq", banish_depth=16)
     rt = d.rt
     c = d.const(10, 1)
@@ -111,6 +112,36 @@ def test_a_pinned_value_stays_while_a_reader_is_evicted() -> None:
     rt.drop_ref(c)
     assert c.resident and not c.released and rt.banished == 0
     assert d.read(a) == 2
+    full_check(rt)
+
+
+def test_a_pinned_value_read_only_for_evicted_values_without_handles_is_cut_free() -> None:
+    # NOTE [ Banishing ] 7: a, evicted without handles, is read by the recipe of b (held, resident): c is
+    # freed, a is lost, b is pinned (4 bytes, no more than c's 10) and keeps its value
+    d = Driver(None, "dtr_eq", banish_depth=16)
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 6, lambda v: v + 1)
+    b = d.op1([a], 1, 4, lambda v: v * 3)
+    rt.drop_ref(a)  # evicted at once, its recipe kept for b's
+    assert not a.resident and not a.released
+    rt.drop_ref(c)
+    assert c.released and a.released and b.pinned and b.banished and rt.banished == 1
+    assert rt.banished_bytes == 4
+    assert d.read(b) == 6
+    full_check(rt)
+
+
+def test_a_pinned_value_stays_where_cutting_it_free_would_pin_more() -> None:
+    # the same, with b larger than c: pinning b would add more than freeing c gives back (rule 7)
+    d = Driver(None, "dtr_eq", banish_depth=16)
+    rt = d.rt
+    c = d.const(10, 1)
+    a = d.op1([c], 1, 6, lambda v: v + 1)
+    b = d.op1([a], 1, 12, lambda v: v * 3)
+    rt.drop_ref(a)
+    rt.drop_ref(c)
+    assert c.resident and not c.released and not b.pinned and rt.banished == 0
     full_check(rt)
 
 

@@ -194,6 +194,16 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 #    the replay of operator logs uses, stays 0: in those logs every weight gradient is an output whose
 #    recipe lives to the end of the step (live they are plain ``p.grad`` constants), so a banished value
 #    read by one stays resident, and the shared ResNet-32 log fails at 0.2 of its peak with banishing.
+# 7. A pinned value that loses its last handle while a reader's outputs are evicted stays resident for that
+#    reader's recipe, and so for every value computed from it that something still holds: in beam search
+#    (HF ``generate(num_beams=3)``) each step's reordered KV cache is banished, its attention output evicted,
+#    and the running beam scores and sequences, held to the end, kept every cache version alive (a BART:
+#    62 MiB pinned at step 40 where plain holds one version). So the reader's recipe is dropped instead
+#    (``_cut``: ``invalidate``, as for a changed constant): the evicted values computed through it are lost,
+#    the resident ones pinned (as banished), where those are no more bytes than the value frees and none of
+#    the lost ones is held. A held one would have to be brought back first, and a handle can die inside
+#    another op (the Python front end drains deaths when an op starts, nested ones too), where bringing a
+#    value back could pass the budget: then the value stays, as before.
 
 Listener = Callable[[str, "Storage | None"], None]
 """An observer of runtime events: ``fn(kind, storage)`` with kind "evict", "drop", "remat", "release", or
@@ -569,13 +579,49 @@ class Runtime:
             return
         for op in list(s.children):
             outs = op.outputs
-            if (op.compute is None or not all(o.resident or o.released for o in outs)
-                    or (not s.pinned and sum(o.nbytes for o in outs if not o.released) > s.nbytes)):
+            if op.compute is None:
+                continue
+            if not all(o.resident or o.released for o in outs):
+                if s.pinned:  # rule 7: kept resident only for evicted values' recipes
+                    self._cut(s, op)
+                continue
+            if not s.pinned and sum(o.nbytes for o in outs if not o.released) > s.nbytes:
                 continue
             self.banished += 1
             fresh = [o for o in outs if not o.pinned and not o.released]
             self.invalidate([op], "banished: it read the end of a long chain of values without handles")
             for o in fresh:  # pinned by choice, not by necessity: the floor leaves them out (rule 5)
+                o.banished = True
+                self.banished_bytes += o.nbytes
+
+    def _cut(self, s: Storage, op: Op) -> None:
+        """NOTE [ Banishing ] 7: the pinned ``s`` lost its last handle, and ``op`` reads it for outputs that are
+        evicted: drop ``op``'s recipe (and those computed from its evicted outputs) where it loses no held value
+        and what it pins is no more than ``s``'s bytes, which it frees."""
+        cost = 0
+        seen: set[Op] = set()
+        work = [op]
+        while work:  # what ``invalidate`` would pin or lose: its walk
+            o_op = work.pop()
+            if o_op in seen or o_op.compute is None:
+                continue
+            seen.add(o_op)
+            for o in o_op.outputs:
+                if o.released or o.pinned:
+                    continue
+                if not o.resident and o.host is None and o.refs > 0:
+                    return  # held and evicted: see rule 7 (bringing it back here could pass the budget)
+                if o.resident or o.host is not None:
+                    cost += o.nbytes
+                    if cost > s.nbytes:
+                        return
+                if not o.resident and o.host is None:
+                    work.extend(o.children)
+        was = {o for o_op in seen for o in o_op.outputs if not o.pinned and not o.released}
+        self.banished += 1
+        self.invalidate([op], "banished: it read a pinned value only evicted values still needed")
+        for o in was:  # pinned by choice (rule 5), as banished outputs are
+            if o.pinned and o.resident and not o.released and not o.banished:
                 o.banished = True
                 self.banished_bytes += o.nbytes
 
