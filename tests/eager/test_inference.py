@@ -150,7 +150,7 @@ def test_beam_search_holds_one_cache_version_and_trains_under_a_budget():
     """NOTE [ Banishing ] 7: each step's reordered cache is banished (pinned) and read by an attention whose
     output is evicted; the beams' running scores and sequences, held to the end, kept every version alive
     through that recipe. Measured before the rule (2026-11-29), the peak without a budget grew with the tokens
-    generated: 8.6 MB at 6 tokens, 30.2 MB at 24, 71.5 MB at 48 (4.4, 4.4, 5.1 MB with it). Now it stays; a budget
+    generated: 8.6 MB at 6 tokens, 30.2 MB at 24, 71.5 MB at 48 (4.7, 5.7, 7.2 MB with it). Now it stays; a budget
     just below it is kept with plain's ids (the floor is 80% of this peak; at 98% and below, recomputing an
     evicted cache, a chain of ``cat`` over every step, does not fit: the greedy tests' limit too)."""
     want, _ = _beams()
