@@ -54,6 +54,8 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
         print(f"torch-dtr run: --budget: {e}", file=sys.stderr)
         return 2
     code: Any = 0
+    regions = sys.modules.get("torch_dtr.inductor.region")  # (imported only once dynamo compiles: ~2 s)
+    regions_before = regions.made() if regions is not None else 0
     t0 = time.perf_counter()
     session = api.enable(nbytes, swap=swap, policy=policy or DEFAULT_POLICY)
     rt = api.runtime()
@@ -80,9 +82,37 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
                   f"{fmt_bytes(st.peak_bytes)} ({kept}); {st.evictions} evictions, {st.rematerializations} "
                   f"recomputations ({st.remat_seconds:.2f} s); single-op floor {fmt_bytes(st.floor_bytes)}{learned}",
                   file=sys.stderr)
+            for line in _region_lines(regions_before):
+                print(f"torch-dtr run: {line}", file=sys.stderr)
     if code is None:
         return 0
     if isinstance(code, int):
         return code
     print(code, file=sys.stderr)  # sys.exit("message"), as Python prints it
     return 1
+
+
+def _region_lines(before: int) -> list[str]:
+    """One line per torch.compile region planned under the budget in this run (NOTE [ Compiled regions under a
+    budget ]): the activation memory budget chosen for compile's partitioner and the bytes expected against what
+    the budget left it, or that it ran eagerly."""
+    from .core import fmt_bytes
+
+    region = sys.modules.get("torch_dtr.inductor.region")
+    if region is None or region.made() <= before:
+        return []
+    lines = []
+    for p in region.plans()[-(region.made() - before):]:
+        name, n = p["region"], p["compiles"]
+        how = f"compiled {n} time{'s' if n != 1 else ''}"
+        if p["fraction"] is None:
+            lines.append(f"compiled region {name}: {how}, without a budget")
+        elif p["fits"]:
+            lines.append(f"compiled region {name}: {how}; activation memory budget {p['fraction']:g} "
+                         f"(expected {fmt_bytes(p['predicted'])} of the {fmt_bytes(max(0, p['allowance']))} the "
+                         f"budget left it)")
+        else:
+            lines.append(f"compiled region {name}: runs eagerly under torch-dtr: no partition fits the "
+                         f"{fmt_bytes(max(0, p['allowance']))} the budget left it (least expected "
+                         f"{fmt_bytes(p['predicted'])})")
+    return lines

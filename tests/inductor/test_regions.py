@@ -155,3 +155,29 @@ def test_a_graph_break_and_dynamic_shapes_train_compiled_under_a_budget_as_compi
     got, got_params = train(64 << 20)
     assert got == want and all(torch.equal(a, b) for a, b in zip(want_params, got_params, strict=True))
     assert len([p for p in inductor.plans() if p["budget"] == 64 << 20]) >= 2  # both sides of the break planned
+
+
+def test_torch_dtr_run_says_each_compiled_regions_plan(tmp_path):
+    """`torch-dtr run` ends with a line per compiled region: the activation memory budget its partitioner was
+    given and the bytes expected against what the budget left it (2 GiB: the whole graph fits, fraction 1)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run = torch.compile(model)
+        for _ in range(2):
+            run(torch.randn(256, 64)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    """))
+    p = subprocess.run([sys.executable, "-m", "torch_dtr", "run", "--budget", "2GiB", str(script)],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "compiled region" in ln]
+    assert len(lines) == 1 and "activation memory budget 1 (expected" in lines[0], p.stderr[-2000:]
