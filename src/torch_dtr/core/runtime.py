@@ -197,10 +197,11 @@ __all__ = ["BudgetError", "InternalError", "Listener", "Runtime", "Stats", "fmt_
 # 7. A pinned value that loses its last handle while a reader's outputs are evicted stays resident for that
 #    reader's recipe, and so for every value computed from it that something still holds: in beam search
 #    (HF ``generate(num_beams=3)``) each step's reordered KV cache is banished, its attention output evicted,
-#    and the running beam scores and sequences, held to the end, kept every cache version alive (a BART:
-#    62 MiB pinned at step 40 where plain holds one version). So the reader's recipe is dropped instead
-#    (``_cut``: ``invalidate``, as for a changed constant): the evicted values computed through it are lost,
-#    the resident ones pinned (as banished), where those are at most a quarter of the bytes the value frees
+#    and the running beam scores and sequences, held to the end, kept every cache version alive (the BART of
+#    tests/eager/test_inference.py: no-budget peak 8.6/30.2/71.5 MB at 6/24/48 tokens). So the reader's recipe
+#    is dropped instead (``_cut``: ``invalidate``, as for a changed constant): the evicted values computed
+#    through it are lost, the resident ones pinned (as banished), where those are at most a quarter of the bytes
+#    the value frees
 #    and none of the lost ones is held. At up to all of them, a program with reentrant checkpointing lost its
 #    budget at 1.3x its floor (68 cuts in a step, each pinning as much as it freed, values that outlived it);
 #    the BART's peak: 4.7/5.7/7.2 MB at 6/24/48 tokens with the quarter, 4.4/4.4/5.1 with all. A held lost
