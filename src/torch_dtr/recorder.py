@@ -209,7 +209,7 @@ class Recorder(TorchDispatchMode):
             return name
         rec = self.storages[key] = _Storage(key, nbytes)
         name = self._bind(t, rec)
-        self.w.constant(name, nbytes)
+        self.w.constant(name, nbytes, tuple(t.shape))
         self.count["constants"] += 1
         self._grow(nbytes)
         return name
@@ -280,13 +280,13 @@ class Recorder(TorchDispatchMode):
                 i = where.get(key)
                 if i is not None:  # a view of ARGS[i], annotated in the schema or not
                     name = self._bind(o, self.recs[names[i]])
-                    results.append(Result(name, nbytes, i))
+                    results.append(Result(name, nbytes, i, tuple(o.shape)))
                 elif key in fresh:  # shares the storage of an earlier result of this call
-                    results.append(Result(self._bind(o, fresh[key]), 0, -1))
+                    results.append(Result(self._bind(o, fresh[key]), 0, -1, tuple(o.shape)))
                 else:
                     rec = fresh[key] = self.storages[key] = _Storage(key, nbytes)
                     self._grow(nbytes)
-                    results.append(Result(self._bind(o, rec), nbytes, -1))
+                    results.append(Result(self._bind(o, rec), nbytes, -1, tuple(o.shape)))
             w.call(op, names, results, dt)
             self.count["calls"] += 1
         if written:

@@ -5,7 +5,8 @@ PyTorch wrote it): JSON lines, each with an ``INSTRUCTION``; numbers are decimal
 
     ANNOTATE  ANNOTATION=START|BACKWARD     start of the measured iteration / of the backward pass
     CONSTANT  NAME                          a tensor that exists before the iteration; then its MEMORY line
-    MEMORY    NAME, MEMORY                  storage bytes of NAME (follows CONSTANT, and each CALL result)
+    MEMORY    NAME, MEMORY                  storage bytes of NAME (follows CONSTANT, and each CALL result);
+                                            our recorder adds SHAPE, the tensor's sizes (a list of ints)
     CALL      NAME, ARGS, RESULT, TIME(ns)  a pure op; each result then gets a MEMORY and an ALIAS line
     ALIAS     NAME, ALIAS                   -1: own storage; i >= 0: a view of ARGS[i]'s storage
     MUTATE    NAME, ARGS, MUTATE, TIME      an in-place op writing ARGS[i] for i in MUTATE (ints)
@@ -35,6 +36,7 @@ class Result:
     name: str
     nbytes: int
     alias: int  # -1: own storage; i >= 0: shares the storage of the call's ARGS[i]
+    shape: tuple[int, ...] | None = None  # the tensor's sizes, where the log gives them (SHAPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class Mutate:
 class Constant:
     name: str
     nbytes: int
+    shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +153,15 @@ def _parse(lines: Iterable[str], source: str) -> Iterator[tuple[int, Instr]]:
             if kind in due:
                 raise LogError(f"{where}: second {kind} line for {name!r}")
             due[kind] = _int(d, kind, where)
+            if kind == "MEMORY" and "SHAPE" in d:
+                due["SHAPE"] = _shape(d["SHAPE"], name, where)
             low = -1 if kind == "ALIAS" else 0
             if due[kind] < low:
                 raise LogError(f"{where}: {kind} of {name!r} must be >= {low}, got {due[kind]}")
             if kind == "ALIAS" and due[kind] >= len(pending.get("args", ())):
                 raise LogError(f"{where}: ALIAS {due[kind]} of {name!r} is not an argument index of its CALL "
                                f"(it has {len(pending.get('args', ()))} arguments)")
-            if all(len(v) == pending["need"] for v in pending["due"].values()):
+            if all(("MEMORY" in v) + ("ALIAS" in v) == pending["need"] for v in pending["due"].values()):
                 yield pend_line, _finish(pending)
                 pending = None
             continue
@@ -203,10 +208,18 @@ def _parse(lines: Iterable[str], source: str) -> Iterator[tuple[int, Instr]]:
         raise LogError(f"{source}: the log ends before the MEMORY/ALIAS lines of line {pend_line}")
 
 
+def _shape(v: Any, name: str, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(i, int) and i >= 0 for i in v):
+        raise LogError(f"{where}: SHAPE of {name!r} must be a list of sizes (ints >= 0), got {v!r}")
+    return tuple(v)
+
+
 def _finish(p: dict) -> Instr:
     if p["kind"] == "CONSTANT":
-        return Constant(p["name"], p["due"][p["name"]]["MEMORY"])
-    res = tuple(Result(r, p["due"][r]["MEMORY"], p["due"][r]["ALIAS"]) for r in p["results"])
+        d = p["due"][p["name"]]
+        return Constant(p["name"], d["MEMORY"], d.get("SHAPE"))
+    res = tuple(Result(r, p["due"][r]["MEMORY"], p["due"][r]["ALIAS"], p["due"][r].get("SHAPE"))
+                for r in p["results"])
     return Call(p["name"], p["args"], res, p["time"])
 
 
@@ -248,16 +261,22 @@ class Writer:
     def annotate(self, what: str) -> None:
         self._w(INSTRUCTION="ANNOTATE", ANNOTATION=what)
 
-    def constant(self, name: str, nbytes: int) -> None:
+    def constant(self, name: str, nbytes: int, shape: Iterable[int] | None = None) -> None:
         self._w(INSTRUCTION="CONSTANT", NAME=name)
-        self._w(INSTRUCTION="MEMORY", NAME=name, MEMORY=str(nbytes))
+        self._memory(name, nbytes, shape)
+
+    def _memory(self, name: str, nbytes: int, shape: Iterable[int] | None) -> None:
+        if shape is None:
+            self._w(INSTRUCTION="MEMORY", NAME=name, MEMORY=str(nbytes))
+        else:
+            self._w(INSTRUCTION="MEMORY", NAME=name, MEMORY=str(nbytes), SHAPE=list(shape))
 
     def call(self, op: str, args: Iterable[str], results: Iterable[Result], time_ns: int, **extra: Any) -> None:
         results = list(results)
         self._w(INSTRUCTION="CALL", NAME=op, ARGS=list(args), RESULT=[r.name for r in results],
                 TIME=str(int(time_ns)), **extra)
         for r in results:
-            self._w(INSTRUCTION="MEMORY", NAME=r.name, MEMORY=str(r.nbytes))
+            self._memory(r.name, r.nbytes, r.shape)
             self._w(INSTRUCTION="ALIAS", NAME=r.name, ALIAS=str(r.alias))
 
     def mutate(self, op: str, args: Iterable[str], mutated: Iterable[int], time_ns: int, **extra: Any) -> None:

@@ -149,7 +149,9 @@ class Replay:
         try:
             fresh = [r for r in ins_.results if r.alias < 0]
             rt.reserve(sum(r.nbytes for r in fresh), ins_.name)
-            op = self._ran(ins, ins_, bool(fresh))  # only views: no recipe
+            # only views: no recipe; a collective's outputs are pinned (never replayed alone: NOTE [ Partition
+            # replay ] in sim/partition.py)
+            op = self._ran(ins, ins_, bool(fresh) and not ins_.name.startswith("c10d."))
             for r in ins_.results:
                 s = rt.output(op, r.nbytes, _RESIDENT) if r.alias < 0 else self._storage(ins_.args[r.alias])
                 outs.append((r.name, s))
