@@ -179,9 +179,42 @@ def write(out: Path, results: list[dict], a: argparse.Namespace, secs: float) ->
                      + " | ".join(cell(rows.get(k)) + (chosen if k == "dtp" else "") for k in PLANS)
                      + f" | {bf} | {bi} |")
     lines += ["", "Models:", ""] + [f"- {n}: {d}" for n, d in dict((r["name"], r["desc"]) for r in results).items()]
+    lines += ["", "![step time per plan](img/partitioning.png)", ""]
     out.mkdir(parents=True, exist_ok=True)
+    plot(out / "img" / "partitioning.png", results)
     (out / "partitioning.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'partitioning.md'}")
+
+
+def plot(path: Path, results: list[dict]) -> None:
+    """Modelled step time per device of each plan, one panel per model; a cross where the plan did not train."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["name"] for r in results))
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
+    for ax, m in zip(axes[0], models, strict=True):
+        rs = [r for r in results if r["name"] == m]
+        width = 0.8 / len(PLANS)
+        for j, k in enumerate(PLANS):
+            for i, r in enumerate(rs):
+                row = r["rows"].get(k)
+                x = i + (j - len(PLANS) / 2 + 0.5) * width
+                if row is not None and row.step is not None:
+                    ax.bar(x, row.step * 1e3, width, color=f"C{j}", label=k if i == 0 else None)
+                elif row is not None:
+                    ax.plot(x, 0, "x", color=f"C{j}", label=k if i == 0 else None)
+        ax.set_xticks(range(len(rs)), [f"D={r['devices']}" for r in rs])
+        ax.set_title(m)
+        ax.set_ylabel("ms per step per device")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Partition plans at a budget data parallelism cannot keep (x: did not train)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ CASES = {  # name -> (function, inputs, how a partial result combines, outputs a
     "t.default": (lambda x: x.t(), [(4, 6)], "sum", [0]),
     "transpose.int": (lambda x: x.transpose(1, 2), [(2, 4, 6)], "sum", [0]),
     "permute.default": (lambda x: x.permute(2, 0, 1), [(2, 4, 6)], "sum", [0]),
-    "expand.default": (lambda x: x.expand(4, *x.shape), [(2, 6)], "sum", [0]),
+    "expand.default": (lambda x: x.expand(4, 2, 6), [(2, 6)], "sum", [0]),
+    "expand.default ": (lambda x: x.expand(4, 6), [()], "sum", [0]),
     "select.int": (lambda x: x.select(1, 1), [(4, 6, 2)], "sum", [0]),
     "slice.Tensor": (lambda x: x[:, 1:3], [(4, 6)], "sum", [0]),
     "split.Tensor": (lambda x: x.split(2, dim=2), [(4, 2, 6)], "sum", [0, 0, 0]),
@@ -71,7 +72,7 @@ def test_every_strategy_computes_the_op(name: str) -> None:
     fn, shapes, how, views = CASES[name]
     g = torch.Generator().manual_seed(0)
     ins = [torch.randint(0, 10, (4, 6), generator=g) if s == "idx"
-           else torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+           else torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
     out = fn(*ins)
     outs = list(out) if isinstance(out, tuple) else [out]
     ss = strategies(name.strip(), [tuple(x.shape) for x in ins], [tuple(o.shape) for o in outs], views, D)
@@ -79,9 +80,10 @@ def test_every_strategy_computes_the_op(name: str) -> None:
     assert len(ss) > 1, f"{name}: no strategy but the replicated one"
     for s in ss:
         f = fn
-        if name.startswith("view"):  # each device reshapes its part to its part of the output's shape
+        if name.startswith(("view", "expand")):  # each device makes its part of the output's shape
             shape = [n // D if d == s.outs[0] else n for d, n in enumerate(outs[0].shape)]
-            f = lambda x, shape=shape: x.reshape(shape)  # noqa: E731
+            f = (lambda x, shape=shape: x.reshape(shape)) if name.startswith("view") else \
+                (lambda x, shape=shape: x.expand(shape))
         res = [f(*[part(x, p, i) for x, p in zip(ins, s.ins, strict=True)]) for i in range(D)]
         res = [list(r) if isinstance(r, tuple) else [r] for r in res]
         for j, p in enumerate(s.outs):

@@ -6,15 +6,22 @@ through the DTR runtime at a per-device budget, and the exact planner (an ILP, H
 # 1. ``graph(log)`` reads a recorded log (it needs the recorder's SHAPE fields): each CALL and MUTATE is a
 #    node (a MUTATE right after a CALL of the same op and arguments, batch norm's running statistics, joins
 #    that CALL), each name a tensor, a COPY another name for one; a storage is freed after the op that
-#    follows its last RELEASE.
+#    follows its last RELEASE. A constant that some op writes, or that a forward op reads as a weight
+#    (``_WEIGHTS``), is model state; the other constants are the batch.
 # 2. ``per_device(log, planner, plan)`` is the log one device runs under the plan (every device runs the
 #    same one): bytes under each tensor's placement, times under each strategy's share, and before an op
 #    that needs a tensor in another placement a ``c10d.<collective>`` CALL whose time is the collective's
-#    (NOTE [ Placements ] 3) making the converted copy, released after its last reader.
-# 3. The replay (``sim/replay.py``) pins a collective's outputs: they are never recomputed (a device that
-#    replays a collective alone would wait for the others forever), as the live runtime treats them; with
-#    the live runtime's banishing depth, so that a copy whose last name is released hands its pin to its
-#    readers instead of staying resident for their recipes (NOTE [ Banishing ] 3).
+#    (NOTE [ Placements ] 3) making the converted copy, released after its last reader; a partial output
+#    reduced at once (NOTE [ Partition plans ] 6) is followed by its collective, and its name rebound to the
+#    result (``COPY_FROM``), which frees the partial storage.
+# 3. Every device replays the same log with the same deterministic decisions (SPMD), so a collective that
+#    is recomputed is recomputed by every device at once, never by one alone: the replay recomputes a
+#    collective's output like any other, at its collective's time (MegTaiChi recomputes across devices the
+#    same way). ``together=False`` pins collectives' outputs instead (what the live runtime does today with a
+#    collective's output: a constant); then whatever reads one cannot be recomputed once it is released
+#    (NOTE [ Banishing ] 3), which leaves little to evict: on the tests' 8-layer MLP at 2 devices no plan
+#    trained at 0.9 of its peak that way. No banishing, as in every replay of a log (NOTE [ Banishing ] 6;
+#    with the live depth, 2, data parallel on that MLP failed at 0.9 of its peak, trained at 0.8 without).
 #    Step time per device = the per-device log's time x the replay's overhead (recomputations included).
 # 4. ``compare``: DTR in the planner's loop. The search's objective only estimates what eviction costs, so
 #    the plans it finds with the budget loosened are each replayed at the real budget, with the fixed
@@ -30,7 +37,13 @@ from ..core.partition import ANY, Graph, Link, Node, P, Place, Plan, Planner, R,
 from .log import Call, Constant, Copy, Log, Mutate, Release, Result
 from .replay import Outcome, simulate
 
-BANISH = 2  # the live runtime's banishing depth (NOTE [ Banishing ] 6): a released collective's copy hands its pin on
+BANISH = 0  # as every replay of an operator log (NOTE [ Banishing ] 6: weight gradients are its outputs)
+
+
+# the inputs of these ops that are weights: a constant read there is model state, not the batch (rule 1)
+_WEIGHTS = {"mm": (1,), "addmm": (0, 2), "bmm": (), "convolution": (1, 2), "embedding": (0,),
+            "native_layer_norm": (2, 3), "native_batch_norm": (1, 2), "_native_batch_norm_legit": (1, 2),
+            "_native_batch_norm_legit_functional": (1, 2), "cudnn_batch_norm": (1, 2)}
 
 
 class PartitionError(ValueError):
@@ -77,7 +90,10 @@ def graph(log: Log) -> Graph:
         if refs[b] == 0 and nodes:
             frees.setdefault(len(nodes) - 1, []).append(b)
 
-    for ins in log.measured:
+    forward: int | None = None  # nodes before the backward pass
+    for j, ins in enumerate(log.measured):
+        if forward is None and log.backward is not None and log.start + j >= log.backward:
+            forward = len(nodes)
         if type(ins) is Constant:
             t = new(ins.shape, ins.nbytes, None, True, f"constant {ins.name!r}")
             bind(ins.name, t)
@@ -112,7 +128,12 @@ def graph(log: Log) -> Graph:
             t = names.pop(ins.name, None)
             if t is not None:
                 drop(t)
-    ts = tuple(Tensor(t.shape, t.itemsize, t.base, t.const, t.base in written) for t in tensors)
+    weights: set[int] = set()
+    for n in nodes[:forward if forward is not None else len(nodes)]:  # backward reads inputs as weights too
+        for i in _WEIGHTS.get(n.name.split(".", 1)[0], ()):
+            if i < len(n.ins):
+                weights.add(tensors[n.ins[i]].base)
+    ts = tuple(Tensor(t.shape, t.itemsize, t.base, t.const, t.base in written, t.base in weights) for t in tensors)
     nodes = [Node(n.name, n.ins, n.outs, n.views, n.writes, n.time, n.news, tuple(frees.get(k, ())))
              for k, n in enumerate(nodes)]
     return Graph(ts, tuple(nodes), log.source)
@@ -162,10 +183,19 @@ def per_device(log: Log, planner: Planner, plan: Plan) -> Log:
                     args[j] = name
         ns = round(1e9 * (n.time * s.frac + extra))
         if type(ins) is Call:
-            res = tuple(Result(r.name, 0 if r.nbytes == 0 else link.per_device(ts[ts[o].base], place[ts[o].base]),
-                               r.alias) for r, o in zip(ins.results, n.outs, strict=True))
+            res = tuple(Result(r.name, 0 if r.nbytes == 0 else link.per_device(ts[ts[o].base], P if o in plan.reduce
+                                                                                else place[ts[o].base]), r.alias)
+                        for r, o in zip(ins.results, n.outs, strict=True))
             out.append(Call(ins.name, tuple(args), res, ns))
             fold = bool(n.writes and n.outs)
+            for r, o in zip(ins.results, n.outs, strict=True):
+                q = plan.reduce.get(o)
+                if q is not None:  # reduced at once, the partial freed (NOTE [ Partition plans ] 6)
+                    copy = f"{r.name}@{len(out)}"
+                    out.append(Call(f"c10d.{link.kind(P, q)}", (r.name,),
+                                    (Result(copy, link.per_device(ts[o], q), -1),),
+                                    max(1, round(1e9 * link.cost(P, q, ts[o].nbytes)))))
+                    out += [Copy(r.name, copy, rebind=True), Release(copy)]
         else:
             out.append(Mutate(ins.name, tuple(args), ins.mutated, ns))
         for key in ends.get(k, ()):
@@ -192,12 +222,13 @@ class Row:
     chosen: str = ""  # dtp: the candidate that won; ilp: the solver's status
 
 
-def replay(log: Log, planner: Planner, plan: Plan, budget: int | None) -> tuple[Row, Outcome]:
+def replay(log: Log, planner: Planner, plan: Plan, budget: int | None, together: bool = True) -> tuple[Row, Outcome]:
     """NOTE [ Partition replay ] 3."""
     c = planner.cost(plan)
     dev = per_device(log, planner, plan)
-    o = simulate(dev, budget=budget, banish_depth=BANISH) if budget is not None else \
-        simulate(dev, ratio=10.0, banish_depth=BANISH)
+    pin = "" if together else "c10d."
+    o = simulate(dev, budget=budget, banish_depth=BANISH, pinned_ops=pin) if budget is not None else \
+        simulate(dev, ratio=10.0, banish_depth=BANISH, pinned_ops=pin)
     base = dev.op_time_ns() / 1e9
     step = base * o.overhead if o.status == "ok" else None
     return Row(plan.name, c.compute, c.comm, c.collectives, c.peak, o.status, step, o.overhead,

@@ -135,7 +135,8 @@ def solve(planner: Planner, budget: int | None, time_limit: float = 60.0, max_no
     for t, rep in groups.items():
         consts[t] = max(y[rep], key=lambda p: sol[y[rep][p]])
     status = "optimal" if res.status == 0 else "time limit"
-    return Solution(Plan(choice, consts, "ilp"), status, float(res.fun), n_var, secs)
+    # partial outputs reduced at once: the same collectives, so the same step time (NOTE [ Partition plans ] 6)
+    return Solution(planner.settle(Plan(choice, consts, "ilp")), status, float(res.fun), n_var, secs)
 
 
 def _memory(planner: Planner, have: dict[int, dict[Place, list[int]]], copies: list[tuple[int, int, int, int]],

@@ -92,8 +92,10 @@ class Outcome:
 class Replay:
     """Drives a ``Runtime`` from a ``Log`` (see NOTE [ Replaying a log ])."""
 
-    def __init__(self, log: Log, rt: Runtime, thrash_at: float | None = THRASH_AT, live_order: bool = False) -> None:
+    def __init__(self, log: Log, rt: Runtime, thrash_at: float | None = THRASH_AT, live_order: bool = False,
+                 pinned_ops: str = "") -> None:
         self.log = log
+        self.pinned_ops = pinned_ops  # a name prefix: those ops' outputs are never recomputed
         self.rt = rt
         self.live_order = live_order  # inputs brought back as the live runtime does (resident ones locked first)
         self.base_ns = log.op_time_ns()
@@ -149,9 +151,8 @@ class Replay:
         try:
             fresh = [r for r in ins_.results if r.alias < 0]
             rt.reserve(sum(r.nbytes for r in fresh), ins_.name)
-            # only views: no recipe; a collective's outputs are pinned (never replayed alone: NOTE [ Partition
-            # replay ] in sim/partition.py)
-            op = self._ran(ins, ins_, bool(fresh) and not ins_.name.startswith("c10d."))
+            # only views: no recipe; ``pinned_ops``: ops whose outputs are pinned (NOTE [ Partition replay ] 3)
+            op = self._ran(ins, ins_, bool(fresh) and not (self.pinned_ops and ins_.name.startswith(self.pinned_ops)))
             for r in ins_.results:
                 s = rt.output(op, r.nbytes, _RESIDENT) if r.alias < 0 else self._storage(ins_.args[r.alias])
                 outs.append((r.name, s))
@@ -236,7 +237,7 @@ def no_eviction_peak(log: Log) -> int:
 def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | None = None, budget: int | None = None,
              peak: int | None = None, thrash_at: float | None = THRASH_AT, live_order: bool = False,
              swap_gbps: float | None = None, host_budget: int | None = None, swap_out_free: bool = False,
-             **runtime_options: Any) -> Outcome:
+             pinned_ops: str = "", **runtime_options: Any) -> Outcome:
     """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known).
     ``live_order``: bring inputs back as the live runtime does instead of as the DTR authors' simulator did.
     ``swap_gbps``: a host tier with this bandwidth (GB/s; rule 8), holding at most ``host_budget`` bytes."""
@@ -246,7 +247,7 @@ def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | 
             raise ValueError(f"torch_dtr: swap_gbps must be > 0 (GB/s), got {swap_gbps}; e.g. 12 for PCIe 3.0 x16")
         runtime_options["tier"] = Tier(host_budget, bandwidth=swap_gbps, out_free=swap_out_free)  # GB/s = B/ns
     rt = Runtime(budget, policy, **runtime_options)
-    rp = Replay(log, rt, thrash_at, live_order)
+    rp = Replay(log, rt, thrash_at, live_order, pinned_ops)
     return outcome(rp, rt, rp.base_ns, ratio, budget, swap_gbps)
 
 

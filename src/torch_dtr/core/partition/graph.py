@@ -42,6 +42,12 @@ class Tensor:
     base: int  # the tensor that owns the storage (itself unless a view)
     const: bool  # exists before the iteration: a parameter, an optimizer state, the input batch
     written: bool = False  # some op of the iteration writes it in place (state, not data)
+    weight: bool = False  # read as a weight (a matrix product's right operand, a bias, a table, a norm's scale)
+
+    @property
+    def state(self) -> bool:
+        """A constant that is model state (parameters, optimizer states, buffers), not the batch."""
+        return self.written or self.weight
 
     @property
     def nbytes(self) -> int:

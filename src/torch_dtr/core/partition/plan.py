@@ -13,12 +13,13 @@ the fixed strategies users choose by hand; and the planner that searches between
 #    per device weighing as much as a byte sent over the link (memory is what partitioning is for). A
 #    constant without a placement takes the one its first reader's strategy asks for, and passes it to the
 #    optimizer states of its group (``groups``).
-# 3. Fixed strategies: data parallel (the unwritten constants, the batch, sharded on dimension 0; the
-#    written ones, parameters and optimizer states, replicated), fully sharded (the same, with every
+# 3. Fixed strategies: data parallel (the batch, constants that are neither written nor read as weights,
+#    sharded on dimension 0; the state, parameters and optimizer states, replicated), fully sharded (the same, with every
 #    parameter group sharded on dimension 0: gathered where an op reads it whole, gradients
-#    reduce-scattered) and tensor parallel (the batch replicated; the 2-D parameters that matrix products
+#    reduce-scattered; buffers that their own op writes, batch norm's statistics, stay R) and tensor parallel (the batch replicated; the 2-D parameters that matrix products
 #    read, in order of first use, alternately column- and row-parallel as in Megatron; the rest placed by
-#    their first reader; no op slices a replicated tensor, so the work splits only where weights do).
+#    their first reader). A fixed plan's ops take the least time alone and never slice a replicated tensor
+#    (the work splits where the batch or a weight is sharded, as users set it up).
 # 4. ``Planner.search`` (the heuristic that scales): from the best fixed plan, coordinate descent over the
 #    placement of each constant group (the batch and each parameter group: R or sharded on any dimension D
 #    divides), each candidate propagated and costed, keeping a change when the objective falls; the
@@ -29,6 +30,11 @@ the fixed strategies users choose by hand; and the planner that searches between
 # 5. Then ``refine``: one op at a time, the strategy whose local change (its time share, its inputs'
 #    conversions, its outputs' readers' conversions) shortens the step most, never growing its outputs'
 #    bytes per device; kept only if the whole plan's objective falls.
+# 6. ``settle`` (every plan ends with it): a partial output whose readers, through views that keep it
+#    partial, all want one placement is reduced right after the op that makes it, and the views re-placed
+#    to match; the partial storage is freed at once (as DDP's and FSDP's gradient hooks reduce a gradient as
+#    soon as it is complete), where a reader-side conversion would hold it until its last name is dropped
+#    (a gradient: the end of the step). The collective is the same one, so the step time is unchanged.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Plan:
     choice: tuple[int, ...]  # per node: the index of its strategy in ``Planner.strats[k]``
     consts: dict[int, Place] = field(default_factory=dict)  # constant -> placement
     name: str = ""
+    reduce: dict[int, Place] = field(default_factory=dict)  # partial output -> its placement once reduced (rule 6)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,10 @@ class Planner:
             strategies(n.name, [ts[i].shape for i in n.ins], [ts[o].shape for o in n.outs], n.views, link.devices)
             for n in graph.nodes]
         self.groups = _groups(graph)
+        self.readers: dict[int, list[tuple[int, int]]] = {}  # tensor -> (node, input index)
+        for k, n in enumerate(graph.nodes):
+            for i, t in enumerate(n.ins):
+                self.readers.setdefault(t, []).append((k, i))
 
     # ------------------------------------------------------------------ cost
     def placements(self, plan: Plan) -> list[Place]:
@@ -78,7 +89,7 @@ class Planner:
             place[t] = p
         for n, ss, c in zip(self.graph.nodes, self.strats, plan.choice, strict=True):
             for o, p in zip(n.outs, ss[c].outs, strict=True):
-                place[o] = p
+                place[o] = plan.reduce.get(o, p)
         return place
 
     def conversions(self, plan: Plan) -> tuple[list[Place], list[list[tuple[int, Place, tuple[int, int, Place]]]],
@@ -105,7 +116,7 @@ class Planner:
                     last[key] = k
             needs.append(mine)
             for o, p in zip(n.outs, s.outs, strict=True):
-                place[o] = p
+                place[o] = plan.reduce.get(o, p)
             for i in n.writes:
                 b = ts[n.ins[i]].base
                 version[b] = version.get(b, 0) + 1
@@ -145,7 +156,16 @@ class Planner:
                 nbytes += tt.nbytes
             for o, v in zip(n.outs, n.views, strict=True):
                 if v < 0:
-                    cur += link.per_device(ts[o], place[o])
+                    q = plan.reduce.get(o)
+                    if q is None:
+                        cur += link.per_device(ts[o], place[o])
+                        continue
+                    full = link.per_device(ts[o], P)  # made partial, reduced at once (rule 6)
+                    peak = max(peak, cur + full + link.per_device(ts[o], q))
+                    cur += link.per_device(ts[o], q)
+                    comm += link.cost(P, q, ts[o].nbytes)
+                    count += 1
+                    nbytes += ts[o].nbytes
             peak = max(peak, cur)
             for key in ends.get(k, ()):
                 cur -= live.pop(key, 0)
@@ -155,11 +175,12 @@ class Planner:
 
     # ------------------------------------------------------------------ plans
     def propagate(self, consts: dict[int, Place | None], name: str = "", hints: dict[int, Place] | None = None,
-                  slices: bool = True) -> Plan:
+                  slices: bool = True, held: float = 1.0) -> Plan:
         """NOTE [ Partition plans ] 2: the least-time strategy op by op, given the constants' placements; with
         ``hints`` (tensor -> the placement its readers want), a strategy also pays the conversion of each
         output to its hint. Without ``slices``, no op shards a replicated tensor it reads (tensor parallel:
-        the work splits only where a parameter is sharded)."""
+        the work splits only where a parameter is sharded). ``held``: what a byte of output per device weighs,
+        in bytes sent (0: least time alone)."""
         ts, link, nodes = self.graph.tensors, self.link, self.graph.nodes
         place: list[Place | None] = [None] * len(ts)
         fixed: dict[int, Place] = {}
@@ -212,7 +233,7 @@ class Planner:
                         if h is not None:
                             t_cost += link.cost(p, h, ts[o].nbytes)
                 mem = sum(link.per_device(ts[o], p) for o, p in zip(n.outs, s.outs, strict=True))
-                key = (t_cost + mem / link.bw, mem)  # a byte held weighs as a byte sent
+                key = (t_cost + held * mem / link.bw, mem)
                 if key < best_key:
                     best, best_key = j, key
             s = ss[best]
@@ -225,16 +246,68 @@ class Planner:
         for t in list(pending):  # views nobody read
             if t in pending:
                 settle(t, R)
-        return Plan(tuple(choice), fixed, name)
+        return self.settle(Plan(tuple(choice), fixed, name))
+
+    def settle(self, plan: Plan) -> Plan:
+        """NOTE [ Partition plans ] 6: each partial output that every reader (through views that keep it
+        partial) wants in one placement is reduced right after the op that makes it."""
+        ts, nodes, link = self.graph.tensors, self.graph.nodes, self.link
+        readers = self.readers
+        choice = list(plan.choice)
+        reduce: dict[int, Place] = {}
+        for k, n in enumerate(nodes):
+            s = self.strats[k][choice[k]]
+            for j, o in enumerate(n.outs):
+                if s.outs[j] != P or n.views[j] >= 0:
+                    continue
+                chain: set[int] = set()
+                finals: set[tuple[int, Place]] = set()
+                ok, stack = True, [o]
+                while stack and ok:
+                    t = stack.pop()
+                    for k2, i2 in readers.get(t, ()):
+                        n2, s2 = nodes[k2], self.strats[k2][choice[k2]]
+                        w = s2.ins[i2]
+                        if (n2.outs and all(v == i2 for v in n2.views) and w == P and all(p == P for p in s2.outs)
+                                and all(ts[x].nbytes == ts[o].nbytes for x in n2.outs)):
+                            chain.add(k2)
+                            stack.extend(n2.outs)
+                        elif i2 in n2.writes or w in (P, ANY):
+                            ok = False
+                            break
+                        else:
+                            finals.add((t, w))
+                if not ok or not finals:
+                    continue
+                shape = ts[o].shape
+                for q in [R] + [d for d, m in enumerate(shape) if m > 1 and m % link.devices == 0]:
+                    got: dict[int, Place] = {o: q}
+                    picks: dict[int, int] = {}
+                    for k2 in sorted(chain):
+                        n2 = nodes[k2]
+                        pin = got.get(n2.ins[n2.views[0]])
+                        c2 = next((c for c, s2 in enumerate(self.strats[k2]) if s2.ins[n2.views[0]] == pin), None)
+                        if c2 is None:
+                            break
+                        picks[k2] = c2
+                        for x, p2 in zip(n2.outs, self.strats[k2][c2].outs, strict=True):
+                            got[x] = p2
+                    else:
+                        if all(got.get(t) == w for t, w in finals):
+                            for k2, c2 in picks.items():
+                                choice[k2] = c2
+                            reduce[o] = q
+                            break
+        return Plan(tuple(choice), plan.consts, plan.name, reduce)
 
     def data(self) -> list[int]:
-        return [i for i, t in enumerate(self.graph.tensors) if t.const and not t.written and t.base == i]
+        return [i for i, t in enumerate(self.graph.tensors) if t.const and not t.state and t.base == i]
 
     def state_groups(self) -> list[tuple[int, ...]]:
         seen: set[int] = set()
         res = []
         for i, t in enumerate(self.graph.tensors):
-            if t.const and t.written and t.base == i and i not in seen:
+            if t.const and t.state and t.base == i and i not in seen:
                 g = self.groups.get(i, (i,))
                 seen.update(g)
                 res.append(g)
@@ -252,25 +325,28 @@ class Planner:
             consts[t] = R if kind == "tp" else self._sharded0(t)
         if kind not in ("dp", "fsdp", "tp"):
             raise ValueError(f"torch_dtr: unknown partition strategy {kind!r}; expected dp, fsdp or tp")
+        ts = self.graph.tensors
         for g in self.state_groups():
+            # a buffer that its own op writes (batch norm's statistics) is never sharded by hand
+            buffer = len(g) == 1 and ts[g[0]].written
             for t in g:
-                consts[t] = R if kind == "dp" else self._sharded0(g[0]) if kind == "fsdp" else None
+                consts[t] = R if kind == "dp" or buffer else self._sharded0(g[0]) if kind == "fsdp" else None
         if kind == "tp" and self.link.devices > 1:  # Megatron's pairs: column-, then row-parallel
-            for n, (w, transposed) in enumerate(self._matmul_weights()):
+            for n, (w, transposed) in enumerate(self.matmul_weights()):
                 col = n % 2 == 0
                 d = (0 if transposed else 1) if col else (1 if transposed else 0)
                 if self.graph.tensors[w].shape[d] % self.link.devices == 0:
                     for t in self.groups.get(w, (w,)):
                         consts[t] = d
-        return self.propagate(consts, kind, slices=kind != "tp")
+        return self.propagate(consts, kind, slices=False, held=0.0)
 
-    def _matmul_weights(self) -> list[tuple[int, bool]]:
+    def matmul_weights(self) -> list[tuple[int, bool]]:
         """2-D written constants read as a matrix product's right operand, in order of first use, and whether
         they are read transposed (through an odd number of transposes)."""
         ts, nodes = self.graph.tensors, self.graph.nodes
         src: dict[int, tuple[int, bool]] = {}  # view -> (its constant, transposed)
         for i, t in enumerate(ts):
-            if t.const and t.written and t.base == i and len(t.shape) == 2:
+            if t.const and t.state and t.base == i and len(t.shape) == 2:
                 src[i] = (i, False)
         seen: dict[int, bool] = {}
         for n in nodes:
@@ -329,7 +405,7 @@ class Planner:
         refined = self.refine(plan)
         if obj(self.cost(refined)) < best:
             plan = refined
-        return Plan(plan.choice, plan.consts, "dtp")
+        return Plan(plan.choice, plan.consts, "dtp", plan.reduce)
 
     def hints(self, plan: Plan) -> dict[int, Place]:
         """Tensor -> the placement its first reader that asks for one wants under ``plan``."""
@@ -346,12 +422,10 @@ class Planner:
         per device never grown."""
         ts, link, nodes = self.graph.tensors, self.link, self.graph.nodes
         version: list[list[int]] = []  # per node, per input: the version of its base then
-        readers: dict[int, list[tuple[int, int]]] = {}  # tensor -> (node, input)
+        readers = self.readers
         ver: dict[int, int] = {}
-        for k, n in enumerate(nodes):
+        for n in nodes:
             version.append([ver.get(ts[t].base, 0) for t in n.ins])
-            for i, t in enumerate(n.ins):
-                readers.setdefault(t, []).append((k, i))
             for i in n.writes:
                 b = ts[n.ins[i]].base
                 ver[b] = ver.get(b, 0) + 1
@@ -425,7 +499,7 @@ class Planner:
                 moved = True
             if not moved:
                 break
-        return Plan(tuple(choice), plan.consts, plan.name)
+        return self.settle(Plan(tuple(choice), plan.consts, plan.name))
 
 
 def _groups(graph: Graph) -> dict[int, tuple[int, ...]]:

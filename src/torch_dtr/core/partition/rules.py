@@ -12,7 +12,8 @@
 # 3. Views map a placement through: a reshape by grouping dimensions (sharding the outer dimension of a
 #    merged group stays contiguous; a split dimension stays sharded on its outer part when D divides it), a
 #    transpose or permute by matching sizes (only where the sizes say which dimension went where), an
-#    expand by alignment from the right, a slice, select or split along one dimension keeps the others.
+#    expand by alignment from the right (and a replicated input expanded along a new dimension gives a
+#    shard of it: each device expands to its part), a slice, select or split along one dimension keeps the others.
 #    A partial tensor stays partial through any view.
 # 4. Normalizations over the last dimension (softmax, layer norm, top-k) shard any other dimension; their
 #    per-feature inputs (weights) are R, and outputs without the sharded dimension (weight gradients) P.
@@ -229,10 +230,16 @@ def _view(b: str, ins: list[Shape], outs: list[Shape], views: list[int], dv: int
         if all(d in m for m in maps):
             pl = [R] * len(ins)
             pl[views[0]] = d
-            res.append(Strategy(tuple(pl), tuple(m[d] for m in maps), 0.0))
+            res.append(Strategy(tuple(pl), tuple(m[d] for m in maps), 1.0))  # a view costs the same anywhere
+    if b in ("expand", "expand_as") and len(outs) == 1:  # a dimension the input broadcasts along: shard the view
+        o = outs[0]
+        k = len(o) - len(src)
+        for d in range(len(o)):
+            if _split(o[d], dv) and (d < k or src[d - k] == 1):
+                res.append(Strategy((R,) * len(ins), (d,), 1.0))
     pl = [R] * len(ins)
     pl[views[0]] = P
-    res.append(Strategy(tuple(pl), (P,) * len(outs), 0.0))
+    res.append(Strategy(tuple(pl), (P,) * len(outs), 1.0))
     return res
 
 
