@@ -14,12 +14,13 @@ the fixed strategies users choose by hand; and the planner that searches between
 #    constant without a placement takes the one its first reader's strategy asks for, and passes it to the
 #    optimizer states of its group (``groups``).
 # 3. Fixed strategies: data parallel (the batch, constants that are neither written nor read as weights,
-#    sharded on dimension 0; the state, parameters and optimizer states, replicated), fully sharded (the same, with every
-#    parameter group sharded on dimension 0: gathered where an op reads it whole, gradients
-#    reduce-scattered; buffers that their own op writes, batch norm's statistics, stay R) and tensor parallel (the batch replicated; the 2-D parameters that matrix products
-#    read, in order of first use, alternately column- and row-parallel as in Megatron; the rest placed by
-#    their first reader). A fixed plan's ops take the least time alone and never slice a replicated tensor
-#    (the work splits where the batch or a weight is sharded, as users set it up).
+#    sharded on dimension 0; the state, parameters and optimizer states, replicated), fully sharded (the
+#    same, with every parameter group sharded on dimension 0: gathered where an op reads it whole,
+#    gradients reduce-scattered; buffers that their own op writes, batch norm's statistics, stay R) and
+#    tensor parallel (the batch replicated; the 2-D parameters that matrix products read, in order of
+#    first use, alternately column- and row-parallel as in Megatron; the rest placed by their first
+#    reader). A fixed plan's ops take the least time alone and never slice a replicated tensor (the work
+#    splits where the batch or a weight is sharded, as users set it up).
 # 4. ``Planner.search`` (the heuristic that scales): from the best fixed plan, coordinate descent over the
 #    placement of each constant group (the batch and each parameter group: R or sharded on any dimension D
 #    divides), each candidate propagated and costed, keeping a change when the objective falls; the
