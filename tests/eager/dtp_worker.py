@@ -1,0 +1,131 @@
+"""CPU ranks (gloo) train an MLP under a partition plan (NOTE [ Partition plans live ]): the plan is made from
+one recorded plain iteration at a per-rank budget, parameters and batch placed with DTensor, each rank under
+``torch_dtr.enable(budget)`` (or plain). Prints one JSON line: per rank, the losses, a digest of its local
+parameters, the plan's placements and torch-dtr's counters. Used by test_dtp.py (in a subprocess, with a
+timeout).
+
+    [DTP_PLAN=dp|fsdp|tp|dtp] python tests/eager/dtp_worker.py WORLD plain|dtr|single [BUDGET] [PLAN_BUDGET]
+
+``single``: one process, no mesh, the same model and batch: the reference losses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WIDTH, DEPTH, BATCH, STEPS = 256, 4, 64, 3
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(DEPTH):
+        layers += [torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.Tanh(), torch.nn.Linear(4 * WIDTH, WIDTH)]
+    return torch.nn.Sequential(*layers)
+
+
+def _batch() -> torch.Tensor:
+    return torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).pow(2).mean()
+
+
+def _train(model: torch.nn.Module, x: torch.Tensor, value) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    losses = []
+    for _ in range(STEPS):
+        loss = _loss(model, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(value(loss))
+    return losses
+
+
+def _plan(world: int, budget: int | None, kind: str):
+    from torch_dtr import dtp
+
+    m = _model()
+    x = _batch()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
+
+    def step() -> None:
+        _loss(m, x).backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()  # the optimizer's states exist from here
+    return dtp.plan(m, step, world, budget, batch=x, kind=kind)
+
+
+def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, plan_budget: int | None,
+              q: mp.Queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import torch_dtr
+    from torch_dtr import dtp
+
+    out: dict = {"rank": rank}
+    place = _plan(world, plan_budget, os.environ.get("DTP_PLAN", "dtp"))
+    out["plan"] = {"name": place.name, "batch": place.batch, "params": place.params,
+                   "modelled_peak": place.peak_bytes}
+    mesh = init_device_mesh("cpu", (world,))
+    model = dtp.distribute(_model(), mesh, place)
+    x = dtp.distribute_batch(_batch(), mesh, place)
+    if mode == "dtr":
+        torch_dtr.enable(budget)
+    try:
+        out["losses"] = _train(model, x, lambda loss: torch_dtr.unwrap(loss.full_tensor()).item())
+    except Exception as e:  # reported, so that the test shows what failed on which rank
+        out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    finally:
+        if mode == "dtr":
+            st = dataclasses.asdict(torch_dtr.stats())
+            torch_dtr.disable()
+            out |= {k: st[k] for k in ("evictions", "rematerializations", "peak_bytes", "floor_bytes")}
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.to_local().detach().contiguous().numpy().tobytes())
+    out["digest"] = h.hexdigest()[:16]
+    q.put(out)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    world, mode = int(sys.argv[1]), sys.argv[2]
+    budget = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    plan_budget = int(sys.argv[4]) if len(sys.argv) > 4 else budget
+    plan_budget = None if plan_budget is not None and plan_budget < 0 else plan_budget  # -1: plan without one
+    if mode == "single":
+        print(json.dumps([{"losses": _train(_model(), _batch(), lambda loss: loss.item())}]))
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, mode, budget, plan_budget, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = sorted((q.get(timeout=240) for _ in procs), key=lambda r: r["rank"])
+    for p in procs:
+        p.join(timeout=60)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
