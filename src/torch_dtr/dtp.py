@@ -3,6 +3,7 @@
     place = dtp.plan(model, lambda: step(model, x), devices=2, budget=64 << 20)   # one plain iteration, traced
     dtp.distribute(model, mesh, place)                                           # parameters become DTensors
     x = dtp.distribute_batch(x, mesh, place)
+    ... loss.backward(); dtp.reduce_grads(model); opt.step() ...                 # grads as their parameters
 
 NOTE [ Partition plans live ]
 1. ``plan`` records one iteration of the plain program (``recorder.record``, modelled costs: the same plan in
@@ -13,7 +14,8 @@ NOTE [ Partition plans live ]
    then places each op and redistributes where placements meet (the plan's per-op choices are not enforced:
    where DTensor picks another strategy for an op, the plan's modelled time is not what runs). Collectives run
    under torch-dtr's session per rank, their outputs never replayed on one rank alone (NOTE [ Managed vs
-   constant ] 7).
+   constant ] 7). Tensors the model makes itself (position ids) need DTensor's ``implicit_replication()``
+   around the step; gradients go to their parameters' placements before the optimizer (``reduce_grads``).
 """
 
 from __future__ import annotations
@@ -80,12 +82,24 @@ def distribute(model: torch.nn.Module, mesh: object, place: Placement) -> torch.
     """NOTE [ Partition plans live ] 2: every parameter a DTensor placed as planned (in place)."""
     from torch.distributed.tensor import distribute_tensor
 
-    for name, p in list(model.named_parameters()):
-        mod_name, _, attr = name.rpartition(".")
-        mod = model.get_submodule(mod_name) if mod_name else model
+    new: dict[int, torch.nn.Parameter] = {}
+    for name, p in model.named_parameters():  # (a tied parameter is listed once)
         dt = distribute_tensor(p.detach(), mesh, [_dt(place.params.get(name, R))])
-        setattr(mod, attr, torch.nn.Parameter(dt, requires_grad=p.requires_grad))
+        new[id(p)] = torch.nn.Parameter(dt, requires_grad=p.requires_grad)
+    for mod in model.modules():  # every module that holds one, tied ones included
+        for attr, p in list(mod._parameters.items()):
+            if p is not None and id(p) in new:
+                setattr(mod, attr, new[id(p)])
     return model
+
+
+def reduce_grads(model: torch.nn.Module) -> None:
+    """Each gradient in its parameter's placement (DTensor leaves a gradient as its last op made it: partial
+    sums, or another shard), as the optimizer needs; call between ``backward()`` and ``step()``."""
+    for p in model.parameters():
+        g = p.grad
+        if g is not None and hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
+            p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
 def distribute_batch(x: torch.Tensor, mesh: object, place: Placement) -> torch.Tensor:

@@ -4,7 +4,8 @@ one recorded plain iteration at a per-rank budget, parameters and batch placed w
 parameters, the plan's placements and torch-dtr's counters. Used by test_dtp.py (in a subprocess, with a
 timeout).
 
-    [DTP_PLAN=dp|fsdp|tp|dtp] python tests/eager/dtp_worker.py WORLD plain|dtr|single [BUDGET] [PLAN_BUDGET]
+    [DTP_PLAN=dp|fsdp|tp|dtp] [DTP_MODEL=mlp|gpt2] python tests/eager/dtp_worker.py WORLD plain|dtr|single \
+        [BUDGET] [PLAN_BUDGET]
 
 ``single``: one process, no mesh, the same model and batch: the reference losses.
 """
@@ -23,10 +24,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WIDTH, DEPTH, BATCH, STEPS = 256, 4, 64, 3
+MODEL = os.environ.get("DTP_MODEL", "mlp")  # or "gpt2": the bench's GPT-2, small, dropout off
 
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
+    if MODEL == "gpt2":
+        from torch_dtr.bench.workloads import gpt2
+
+        m = gpt2(2, 128, 2, 64, 2048)
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0  # DTensor draws its own random numbers: the losses compare with dropout off
+        return m
     layers: list[torch.nn.Module] = []
     for _ in range(DEPTH):
         layers += [torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.Tanh(), torch.nn.Linear(4 * WIDTH, WIDTH)]
@@ -34,19 +44,30 @@ def _model() -> torch.nn.Module:
 
 
 def _batch() -> torch.Tensor:
-    return torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    if MODEL == "gpt2":
+        return torch.randint(0, 2048, (4, 64), generator=g)
+    return torch.randn(BATCH, WIDTH, generator=g)
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if MODEL == "gpt2":
+        return model(input_ids=x, labels=x).loss
     return model(x).pow(2).mean()
 
 
 def _train(model: torch.nn.Module, x: torch.Tensor, value) -> list[float]:
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from torch_dtr import dtp
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     losses = []
     for _ in range(STEPS):
-        loss = _loss(model, x)
-        loss.backward()
+        with implicit_replication():  # tensors the model makes itself (GPT-2's position ids) are replicated
+            loss = _loss(model, x)
+            loss.backward()
+        dtp.reduce_grads(model)
         opt.step()
         opt.zero_grad()
         losses.append(value(loss))
