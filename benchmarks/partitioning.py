@@ -7,14 +7,18 @@ bench's GPT-2, a mixture-of-experts layer with data-dependent routing and the be
 each device count compares data parallel, fully sharded and tensor parallel plans with the planner's
 (NOTE [ Partition plans ]) and, on graphs small enough, the exact ILP's, each replayed through the DTR
 runtime at a per-device budget of ``--ratio`` x data parallel's per-device peak (NOTE [ Partition replay ]).
-About 10 minutes on 2 cores.
+Then the tests' MLP runs live on 2 gloo ranks under each plan (``--no-live`` skips it). About 10 minutes on 2
+cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,6 +126,7 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=0.5)
     ap.add_argument("--gbps", type=float, default=10.0)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--no-live", action="store_true", help="skip the live runs on 2 gloo ranks")
     a = ap.parse_args()
     out = Path(a.out)
     t0 = time.perf_counter()
@@ -142,10 +147,63 @@ def main() -> None:
                 results.append({"name": name, "desc": desc, "devices": d, "budget": budget, "dp_peak": dp.replay_peak,
                                 "nodes": len(g.nodes), "rows": rows, "seconds": time.perf_counter() - t1})
                 tqdm.write(f"{name} x{d}: " + "; ".join(f"{k} {cell(rows.get(k))}" for k in PLANS))
-    write(out, results, a, time.perf_counter() - t0)
+    live = measure_live() if not a.no_live else []
+    write(out, results, a, time.perf_counter() - t0, live)
 
 
-def write(out: Path, results: list[dict], a: argparse.Namespace, secs: float) -> None:
+WORKER = Path(__file__).resolve().parents[1] / "tests" / "eager" / "dtp_worker.py"
+
+
+def _live(plan: str, budget: int | None) -> list[dict]:
+    cmd = [sys.executable, str(WORKER), "2", "dtr"] + ([str(budget), "-1"] if budget is not None else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                       env={**os.environ, "DTP_PLAN": plan, "DTP_MODEL": "mlp"})
+    if p.returncode != 0:
+        return [{"error": p.stderr.strip().splitlines()[-1][:200]}]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def measure_live() -> list[tuple[str, str, list[dict]]]:
+    """The tests' MLP (tests/eager/dtp_worker.py) on 2 gloo ranks under each plan, with torch-dtr: without a
+    budget, and at 0.95 x the planner's plan's peak."""
+    rows = []
+    for plan in tqdm(("dp", "fsdp", "tp", "dtp"), desc="live, no budget"):
+        rows.append((plan, "none", _live(plan, None)))
+    dtp_peak = min(r.get("peak_bytes", 0) for r in rows[-1][2])
+    budget = int(0.95 * dtp_peak)
+    for plan in tqdm(("dp", "fsdp", "tp", "dtp"), desc="live, budget"):
+        rows.append((plan, str(budget), _live(plan, budget)))
+    return rows
+
+
+def _live_lines(live: list[tuple[str, str, list[dict]]]) -> list[str]:
+    if not live:
+        return []
+    lines = ["## Live, 2 CPU ranks (gloo)", "",
+             "The tests' MLP (4 x (Linear 256 -> 1024, Tanh, Linear 1024 -> 256), batch 64, AdamW; "
+             "tests/eager/dtp_worker.py) placed with DTensor by each plan (NOTE [ Partition plans live ]), both ranks "
+             "under `torch_dtr.enable(budget)` on this 2-core machine (the ranks share it: times are the machine's, "
+             "not a cluster's). Peak: torch-dtr's per-rank peak; step: median of steps 2-3; losses: equal to one "
+             "process's within 1e-5 (tests/eager/test_dtp.py checks it).", "",
+             "| plan | budget / rank | rank peaks | step (ms) | evictions | result |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for plan, budget, rs in live:
+        err = next((r.get("error") for r in rs if r.get("error")), None)
+        if err and "peak_bytes" not in rs[0]:
+            lines.append(f"| {plan} | {budget} | - | - | - | {err} |")
+            continue
+        peaks = ", ".join(fmt_bytes(r["peak_bytes"]) for r in rs)
+        steps = sorted(t for r in rs for t in r.get("step_seconds", [])[1:])
+        step = f"{1e3 * steps[len(steps) // 2]:.1f}" if steps else "-"
+        ev = ", ".join(str(r["evictions"]) for r in rs)
+        res = "BudgetError" if err else "trained"
+        b = fmt_bytes(int(budget)) if budget != "none" else "none"
+        lines.append(f"| {plan} | {b} | {peaks} | {step} | {ev} | {res} |")
+    return lines + [""]
+
+
+def write(out: Path, results: list[dict], a: argparse.Namespace, secs: float,
+          live: list[tuple[str, str, list[dict]]] | None = None) -> None:
     lines = [
         "# Partitioning across devices (simulated)",
         "",
@@ -179,7 +237,7 @@ def write(out: Path, results: list[dict], a: argparse.Namespace, secs: float) ->
                      + " | ".join(cell(rows.get(k)) + (chosen if k == "dtp" else "") for k in PLANS)
                      + f" | {bf} | {bi} |")
     lines += ["", "Models:", ""] + [f"- {n}: {d}" for n, d in dict((r["name"], r["desc"]) for r in results).items()]
-    lines += ["", "![step time per plan](img/partitioning.png)", ""]
+    lines += ["", "![step time per plan](img/partitioning.png)", ""] + _live_lines(live or [])
     out.mkdir(parents=True, exist_ok=True)
     plot(out / "img" / "partitioning.png", results)
     (out / "partitioning.md").write_text("\n".join(lines) + "\n")

@@ -18,13 +18,15 @@ import json
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WIDTH, DEPTH, BATCH, STEPS = 256, 4, 64, 3
-MODEL = os.environ.get("DTP_MODEL", "mlp")  # or "gpt2": the bench's GPT-2, small, dropout off
+MODEL = os.environ.get("DTP_MODEL", "mlp")
+TIMES: list[float] = []  # seconds per step, this process  # or "gpt2": the bench's GPT-2, small, dropout off
 
 
 def _model() -> torch.nn.Module:
@@ -64,6 +66,7 @@ def _train(model: torch.nn.Module, x: torch.Tensor, value) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     losses = []
     for _ in range(STEPS):
+        t0 = time.perf_counter()
         with implicit_replication():  # tensors the model makes itself (GPT-2's position ids) are replicated
             loss = _loss(model, x)
             loss.backward()
@@ -71,6 +74,7 @@ def _train(model: torch.nn.Module, x: torch.Tensor, value) -> list[float]:
         opt.step()
         opt.zero_grad()
         losses.append(value(loss))
+        TIMES.append(time.perf_counter() - t0)
     return losses
 
 
@@ -121,6 +125,7 @@ def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, p
     for p in model.parameters():
         h.update(p.to_local().detach().contiguous().numpy().tobytes())
     out["digest"] = h.hexdigest()[:16]
+    out["step_seconds"] = TIMES
     q.put(out)
     dist.destroy_process_group()
 
