@@ -7,7 +7,8 @@ across devices with what converting between them costs. Imports no torch.
 #    (an int ``d >= 0``: device i holds the i-th of D equal slices along d) or partial (``P``: every device
 #    holds a tensor of the full shape and the value is their sum). These are DTensor's ``Replicate``,
 #    ``Shard(d)`` and ``Partial`` on a one-dimensional mesh. ``ANY`` in an op's requirements: the op reads
-#    no values of that input (``ones_like``), so it takes the input as it is.
+#    no values of that input, so it takes the input as it is (the planner and the ILP honour it; no rule
+#    asks for it today: ``ones_like`` keeps its input's shard instead).
 # 2. Bytes per device: R and P the whole tensor, a shard ceil(1/D) of it.
 # 3. Converting costs a collective on a ring of D devices with link bandwidth ``bw`` (bytes/s) and a
 #    latency ``alpha`` per collective (n: the tensor's bytes): shard -> R an all-gather,
