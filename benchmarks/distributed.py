@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import sys
@@ -184,7 +185,11 @@ def main() -> int:
     ap.add_argument("--cap-mib", type=int, default=0, help="CUDA: also the largest FSDP2 batch per rank under this")
     ap.add_argument("--tier-ratios", type=float, nargs="*", default=[],
                     help="also torch-dtr + host tier at these fractions of plain's peak")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite docs/distributed.md from docs/distributed.json (the command and date it records)")
     a = ap.parse_args()
+    if a.report_only:
+        return report_only(a.out)
     size = {"width": a.width, "depth": a.depth, "batch": a.batch}
     cuda = a.device == "cuda"
     rows, raw = [], {}
@@ -218,6 +223,7 @@ def main() -> int:
         got |= dict(zip((label for label, _ in second), run([base | c | {"label": label} for label, c in second],
                                                                a.world, a.device), strict=True))
         raw[program] = got
+        budget_of = {label: c.get("budget") for label, c in first + second}
         plain = got["plain"][0]
         for label, r in got.items():
             r0 = r[0]
@@ -226,7 +232,7 @@ def main() -> int:
             rows.append((program, label, max(x.get("peak") or 0 for x in r), r0.get("step_s"),
                          r0.get("step_s", 0) / plain["step_s"] if r0.get("step_s") else None,
                          r0.get("evictions", "-"), r0.get("remats", "-"), r0.get("swaps_in", "-"),
-                         "-" if same is None else "yes" if same else "NO", r0.get("error", "")))
+                         "-" if same is None else "yes" if same else "NO", r0.get("error", ""), budget_of.get(label)))
     scale = largest(a, size) if cuda and a.cap_mib and "fsdp" in a.programs else []
     write(a, size, rows, scale, raw)
     return 0
@@ -256,7 +262,57 @@ def largest(a: argparse.Namespace, size: dict) -> list[tuple[str, int]]:
     return found
 
 
-def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict) -> None:
+def _budgets(raw: dict, rows: list) -> dict[tuple[str, str], int]:
+    """(program, label) -> the budget its runs had: the 11th field of a row, or (records written before rows
+    carried it) the same formulas as ``main`` applied to the raw runs."""
+    out: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if len(r) > 10 and r[10] is not None:
+            out[(r[0], r[1])] = r[10]
+    for program, got in raw.items():
+        free, tier = got.get("torch-dtr, no budget"), got.get("torch-dtr + host tier, no budget")
+        if not free or not tier or any("floor" not in x for x in free + tier):
+            continue
+        half = (max(r["floor"] for r in free) + min(r["peak"] for r in free)) // 2
+        low = max(min(r["peak"] for r in got["plain"]) // 2, int(1.25 * max(r["floor"] for r in tier)))
+        plain_peak = min(r["peak"] for r in got["plain"])
+        for label in got:
+            if "halfway" in label:
+                out.setdefault((program, label), half)
+            elif label.startswith("torch-dtr + host tier at") and label.endswith("% of plain"):
+                f = float(label.rsplit(" at ", 1)[1].split("%")[0]) / 100
+                out.setdefault((program, label), int(f * plain_peak))
+            elif label.startswith("torch-dtr + host tier at") and label.endswith(" MiB"):
+                out.setdefault((program, label), low)
+    return out
+
+
+def _held(peak: int, budget: int | None) -> str:
+    if budget is None:
+        return "-"
+    return "yes" if peak <= budget else f"NO, +{(peak - budget) / 2**20:.1f} MiB"
+
+
+def report_only(out: str) -> int:
+    """Rewrite the report from its JSON, with the command and date the report recorded."""
+    md, js = Path(out) / "distributed.md", Path(out) / "distributed.json"
+    text = md.read_text()
+    m = re.search(r"Measured (\d{4}-\d\d-\d\d),.*?Command: `python benchmarks/distributed.py([^`]*)`", text, re.S)
+    if m is None:
+        raise SystemExit(f"{md}: no 'Measured DATE ... Command: `python benchmarks/distributed.py ...`' to keep")
+    saved = json.loads(js.read_text())
+    a = argparse.Namespace(out=out, world=2, steps=4, device="cpu", programs=list(PROGRAMS), width=SIZE["width"],
+                           depth=SIZE["depth"], batch=SIZE["batch"], cap_mib=0, tier_ratios=[])
+    args = m.group(2).split()
+    for flag, key, cast in (("--world", "world", int), ("--steps", "steps", int)):
+        if flag in args:
+            setattr(a, key, cast(args[args.index(flag) + 1]))
+    size = {"width": a.width, "depth": a.depth, "batch": a.batch}
+    write(a, size, saved["rows"], saved["scale"], saved["raw"], date=m.group(1))
+    return 0
+
+
+def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict, date: str | None = None) -> None:
     cuda = a.device == "cuda"
     where = (f"{a.world} rank(s) on {torch.cuda.get_device_name(0)} (NCCL), torch {torch.__version__}" if cuda else
              f"{a.world} CPU ranks (gloo) on {os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}")
@@ -267,16 +323,19 @@ def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict)
     memory = ("the largest rank's `max_memory_allocated`; budgets bound it" if cuda else
               "the largest rank's tracked peak (parameters, optimizer state and activations the rank holds)")
     lines = [f"# torch-dtr under torch.distributed{' on a GPU' if cuda else ''}", "",
-             f"Measured {datetime.date.today().isoformat()}, {where}, Python {platform.python_version()}. Command: "
+             f"Measured {date or datetime.date.today().isoformat()}, {where}, Python {platform.python_version()}. "
+             "Command: "
              f"`python benchmarks/distributed.py --world {a.world} --steps {a.steps}{flags}`. An MLP of "
              f"{size['depth']} residual blocks (width {size['width']}, 4x expansion, GELU), batch {size['batch']} "
-             f"per rank, AdamW. Memory: {memory}; step: rank 0's median after one warm-up; bitwise: losses and "
+             f"per rank, AdamW. Memory: {memory}; budget held: every rank's peak within its budget (else by how "
+             "much it passed it); step: rank 0's median after one warm-up; bitwise: losses and "
              "parameters equal to plain's on every rank.", "",
-             "| program | contender | peak per rank | step | vs plain | evictions | recomputations | copies back "
-             "| bitwise | note |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    for program, label, peak, step, ratio, ev, rm, back, same, err in rows:
-        lines.append(f"| {program} | {label} | {peak / 2**20:.1f} MiB | "
+             "| program | contender | peak per rank | budget held | step | vs plain | evictions | recomputations "
+             "| copies back | bitwise | note |",
+             "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    budgets = _budgets(raw, rows)
+    for program, label, peak, step, ratio, ev, rm, back, same, err in (r[:10] for r in rows):
+        lines.append(f"| {program} | {label} | {peak / 2**20:.1f} MiB | {_held(peak, budgets.get((program, label)))} | "
                      f"{'-' if step is None else f'{step * 1e3:.0f} ms'} | {'-' if ratio is None else f'{ratio:.2f}x'}"
                      f" | {ev} | {rm} | {back} | {same} | {err} |")
     if scale:

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -44,9 +45,15 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the saved JSON")
     a = ap.parse_args()
     rounds = 1 if a.quick else a.rounds
-    if a.report_only:
+    if a.report_only:  # the command and date the report recorded, the figures from its JSON
         results = json.loads(Path(a.out).with_suffix(".json").read_text())
-        Path(a.out).write_text(_report(results, rounds, " ".join(x for x in sys.argv[1:] if x != "--report-only")))
+        m = re.search(r"Written by `python benchmarks/swap_live.py ([^`]*)` on (\d{4}-\d\d-\d\d)",
+                      Path(a.out).read_text())
+        args, date = (m.group(1), m.group(2)) if m else (" ".join(x for x in sys.argv[1:] if x != "--report-only"),
+                                                         None)
+        if m and "--rounds" in args.split():
+            rounds = int(args.split()[args.split().index("--rounds") + 1])
+        Path(a.out).write_text(_report(results, rounds, args, date))
         return 0
     if "native" in a.fronts and not native.available():
         print("the compiled front end does not build here: its contenders are left out", file=sys.stderr)
@@ -76,27 +83,28 @@ def main() -> int:
     return 0
 
 
-def _report(results: dict, rounds: int, args: str) -> str:
+def _report(results: dict, rounds: int, args: str, date: str | None = None) -> str:
     lines = ["# The host tier live on the CPU", "",
-             f"Written by `python benchmarks/swap_live.py {args}` on {datetime.date.today()}, "
+             f"Written by `python benchmarks/swap_live.py {args}` on {date or datetime.date.today()}, "
              f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {rounds} round(s) of each "
              "contender in its own process, interleaved; step: median over rounds of the median step after one "
              "warm-up. On a CPU the copies are in the same memory: this measures what copying instead of "
              "recomputing costs in time, not memory saved. Host tier peak: the most bytes of copies held at once "
-             "(of the first round). Peak RSS: the process's largest resident set over the rounds (`ru_maxrss`).", ""]
+             "(of the first round). Peak RSS: the process's largest resident set over the rounds (`ru_maxrss`). "
+             "Budget held: the tracked peak of every round within the budget (else by how much it passed it).", ""]
     for name, w in results.items():
         runs = w["runs"]
         plain = statistics.median(r["step_s"] for r in runs["plain PyTorch"] if "step_s" in r)
         want = runs["plain PyTorch"][0]["losses"]
         lines += [f"## {name}", "", f"{workloads.describe(name, workloads.Size(**w['size']))}; tracked peak "
                   f"{w['peak'] / 2**20:.1f} MiB.", "",
-                  "| contender | budget | step | vs plain | bitwise | evictions | recomputations/step | copies back | "
-                  "host tier peak | peak RSS | note |",
-                  "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| contender | budget | budget held | step | vs plain | bitwise | evictions | recomputations/step | "
+                  "copies back | host tier peak | peak RSS | note |",
+                  "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for label, rs in runs.items():
             ok = [r for r in rs if "step_s" in r]
             if not ok:
-                lines.append(f"| {label} | - | - | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
+                lines.append(f"| {label} | - | - | - | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
                 continue
             step = statistics.median(r["step_s"] for r in ok)
             r0 = ok[0]
@@ -105,7 +113,9 @@ def _report(results: dict, rounds: int, args: str) -> str:
             same = "yes" if all(r["losses"] == want for r in ok) else "NO"
             remats = f"{r0['remats'] / n:.0f}" if "remats" in r0 else "-"
             host = f"{r0['host_peak'] / 2**20:.1f} MiB" if r0.get("host_peak") else "-"
-            lines.append(f"| {label} | {budget} | {step:.3f} s | {step / plain:.2f}x | {same} | "
+            over = max(r.get("peak_tracked", 0) for r in ok) - r0["budget"] if r0.get("budget") else None
+            held = "-" if over is None else "yes" if over <= 0 else f"NO, +{over / 2**20:.2f} MiB"
+            lines.append(f"| {label} | {budget} | {held} | {step:.3f} s | {step / plain:.2f}x | {same} | "
                          f"{r0.get('evictions', '-')} | {remats} | {r0.get('swaps_in', '-')} | {host} | "
                          f"{max(r['peak_rss'] for r in ok) / 2**30:.2f} GiB | |")
         lines.append("")
