@@ -113,6 +113,14 @@ def _over(row: dict[str, Any]) -> str:
     return "-" if row["budget"] is None else f"{row['reserved'] / row['budget']:.2f}"
 
 
+def _held(row: dict[str, Any]) -> str:
+    """Whether the peak allocated bytes (what the budget bounds) stayed within the budget, else by how much."""
+    if row["budget"] is None:
+        return "-"
+    over = row["allocated"] - row["budget"]
+    return "yes" if over <= 0 else f"NO, +{fmt_bytes(over)}"
+
+
 def _blind(row: dict[str, Any] | None) -> str:
     if row is None:
         return "-"
@@ -131,20 +139,21 @@ def write(results: dict[str, dict[str, Any]], quick: bool, seconds: float, date:
              f"rules for segments, splitting, best fit and, with expandable segments, pages mapped where a request "
              f"reaches and kept mapped once freed). Budgets are shares of plain PyTorch's peak allocated bytes "
              f"(what the budget bounds on CUDA); *reserved / allocated* divides the allocator's peak reserved bytes "
-             f"by its peak allocated ones, *reserved / budget* by the budget.", "",
+             f"by its peak allocated ones, *reserved / budget* by the budget; *budget held*: the peak allocated "
+             f"bytes within the budget (else by how much they passed it, whatever the run's outcome).", "",
              "Workloads: " + "; ".join(f"{name}: {r['what']}" for name, r in results.items()) + ".", "",
              "Expandable segments on (what `enable()` sets on CUDA), with layout-aware eviction (NOTE [ Layout-aware "
              "eviction ] in src/torch_dtr/eager/device.py; the default on the simulated device), then the same "
              "budgets without it, and without expandable segments:", "",
-             "| workload | budget | outcome | allocated | reserved | reserved / allocated | reserved / budget | "
-             "recomputations | without layout-aware eviction: reserved / budget | recomputations | without "
+             "| workload | budget | outcome | allocated | budget held | reserved | reserved / allocated | reserved / "
+             "budget | recomputations | without layout-aware eviction: reserved / budget | recomputations | without "
              "expandable segments: reserved / budget |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
         blind = [None, *r["blind"]]
         for e, b, s in zip(r["expandable"], blind, r["segments"], strict=True):
             budget = "plain" if e["ratio"] is None else f"{e['ratio']:.0%}"
-            lines.append(f"| {name} | {budget} | {e['status']} | {fmt_bytes(e['allocated'])} | "
+            lines.append(f"| {name} | {budget} | {e['status']} | {fmt_bytes(e['allocated'])} | {_held(e)} | "
                          f"{fmt_bytes(e['reserved'])} | {_ratio(e)} | {_over(e)} | {e.get('remats', '-')} | "
                          f"{_blind(b)} | {'-' if b is None else b.get('remats', '-')} | {_over(s)} |")
 
