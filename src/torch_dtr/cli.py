@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="add a host tier with this copy bandwidth in GB/s (e.g. 12 for PCIe 3.0 x16): evicted values "
                         "are copied there when that is cheaper than recomputing them")
     s.add_argument("--host-budget", default=None, help="bytes the host tier may hold (default: unlimited), e.g. 8GiB")
+    s.add_argument("--devices", type=int, default=None,
+                   help="an operator log with shapes (torch-dtr record --kind log): partition it across this many "
+                        "devices instead, and compare data parallel, fully sharded, tensor parallel, the planner's "
+                        "and the exact (ILP) plan, each device replayed through the runtime at --ratios x data "
+                        "parallel's per-device peak (default 0.5; seconds to minutes)")
+    s.add_argument("--link-gbps", type=float, default=10.0,
+                   help="with --devices: the bandwidth of the links between devices, GB/s (default 10)")
     s.add_argument("--smallest", action="store_true",
                    help="a trace: find the smallest budget at which the iteration trains (bisection over replays)")
     s.add_argument("--max-overhead", type=float, default=2.0,
@@ -175,6 +182,12 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
             if args.max_overhead != 0 and not args.max_overhead >= 1:
                 p.error(f"--max-overhead must be >= 1 (or 0: any), got {args.max_overhead}")
             return smallest(args.log, args.policy, args.max_overhead or None, args.format)
+        if args.devices is not None:
+            from .sim.command import partition
+
+            if args.devices < 1 or not args.link_gbps > 0:
+                p.error(f"--devices must be >= 1 and --link-gbps > 0, got {args.devices} and {args.link_gbps}")
+            return partition(args.log, args.devices, args.link_gbps, args.ratios, args.format)
         if not args.ilp_seconds > 0:
             p.error(f"--ilp-seconds must be > 0, got {args.ilp_seconds}")
         return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines,

@@ -4,6 +4,7 @@ and each device's log replayed through the DTR runtime within its budget."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,36 @@ def test_shapes_survive_the_log_format(tmp_path: Path) -> None:
     bad.write_text(p.read_text().replace("[2,3]", "[2,-3]"))
     with pytest.raises(L.LogError, match=r"bad.log:2: SHAPE of 'a' must be a list of sizes"):
         L.read(bad)
+
+
+def test_the_command_line_compares_the_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torch_dtr.cli import main
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(m.parameters())
+    x = torch.randn(64, 64)
+
+    def step() -> None:
+        m(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    path = tmp_path / "step.log"
+    with record(path, costs="model"):
+        step()
+    assert main(["simulate", str(path), "--devices", "2", "--ratios", "0.6,1.0"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert {r[0] for r in rows} == {"0.60", "1.00"} and {r[3] for r in rows} == {"dp", "fsdp", "tp", "dtp", "ilp"}
+    assert main(["simulate", str(path), "--devices", "2", "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got[0]["ratio"] == 0.5 and set(got[0]["plans"]) == {"dp", "fsdp", "tp", "dtp", "ilp"}
+    old = tmp_path / "old.log"  # no shapes: one clear line, exit 2
+    with old.open("w") as f:
+        w = L.Writer(f)
+        w.constant("a", 8)
+        w.call("relu", ["a"], [L.Result("b", 8, -1)], 5)
+    assert main(["simulate", str(old), "--devices", "2"]) == 2
+    assert "has no SHAPE" in capsys.readouterr().err

@@ -225,5 +225,45 @@ def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | No
     return 0
 
 
+def partition(path: str, devices: int, gbps: float, ratios: Sequence[float] | None, fmt: str) -> int:
+    """``torch-dtr simulate LOG --devices N``: partition plans compared on an operator log (NOTE [ Partition
+    replay ] 4), at each ratio of data parallel's per-device peak."""
+    from dataclasses import asdict
+
+    from ..core.partition import Link, Planner
+    from . import partition as sp
+
+    if is_trace(path):
+        print("torch-dtr simulate: --devices needs an operator log with shapes, not a trace; record one with "
+              "torch-dtr record --kind log", file=sys.stderr)
+        return 2
+    try:
+        log = _log.read(path)
+        g = sp.graph(log)
+    except sp.PartitionError as e:
+        print(str(e).removeprefix("torch_dtr: "), file=sys.stderr)
+        return 2
+    link = Link(devices, gbps * 1e9)
+    dp = sp.replay(log, Planner(g, link), Planner(g, link).fixed("dp"), None)[0]
+    out = []
+    for r in ratios or (0.5,):
+        budget = int(r * dp.replay_peak)
+        out.append((r, budget, sp.compare(log, link, budget, graph_=g)))
+    if fmt == "json":
+        print(json.dumps([{"ratio": r, "budget": b, "devices": devices, "link_gbps": gbps,
+                           "plans": {k: _json(asdict(v)) for k, v in rows.items()}} for r, b, rows in out], indent=1))
+        return 0
+    print(f"{Path(path).name}: {len(g.nodes)} ops on {devices} devices, {gbps:g} GB/s links; budgets per device as "
+          f"a share of data parallel's per-device peak ({fmt_bytes(dp.replay_peak)})")
+    print(f"{'ratio':>6} {'budget':>11} {'plan':>5} {'status':>7} {'step/device':>12} {'peak, no eviction':>18} "
+          f"{'remat':>6} {'collectives':>11}")
+    for r, b, rows in out:
+        for k, v in rows.items():
+            step = "-" if v.step is None else f"{v.step * 1e3:.2f} ms"
+            print(f"{r:>6.2f} {fmt_bytes(b):>11} {k:>5} {v.status:>7} {step:>12} {fmt_bytes(v.peak):>18} "
+                  f"{v.rematerializations:>6} {v.collectives:>11}")
+    return 0
+
+
 def _json(d: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
