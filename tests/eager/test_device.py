@@ -111,6 +111,46 @@ def test_the_allocator_is_queried_every_sync_every_ops_not_per_op(plain, unbudge
     assert run["max_allocated"] <= budget
 
 
+def _plain_op_under_held_values(budget: int | None) -> tuple[list[float], int, torch_dtr.Stats | None]:
+    """Managed values the program holds fill the budget; then a plain op (``zeros_like`` of a plain tensor, as an
+    optimizer makes its state on its first step) allocates on the device."""
+    with SimulatedDevice(None, scale=SCALE) as dev:
+        w = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(2))
+        if budget is not None:
+            torch_dtr.enable(budget=budget, device=dev)
+        try:
+            held = [torch.tanh(w * (1 + i / 8)) for i in range(8)]
+            state = [torch.zeros_like(x) for _ in range(2)]
+            out = [h.sum().item() for h in held] + [s.sum().item() for s in state]
+            st = torch_dtr.stats() if budget is not None else None
+        finally:
+            torch_dtr.disable()
+        return out, dev.max_allocated(), st
+
+
+def test_plain_ops_are_reserved_before_they_allocate_at_70_percent():
+    """A plain op's outputs on the device are predicted and reserved before it runs, as a managed op's are: values
+    are evicted for them (before, they passed the budget by up to their size until the next allocator query)."""
+    plain, peak, _ = _plain_op_under_held_values(None)
+    budget = int(0.7 * peak)
+    got, held, st = _plain_op_under_held_values(budget)
+    assert got == plain
+    assert st.evictions > 0
+    assert held <= budget, f"allocator peak {held} > budget {budget} by {held - budget} B"
+
+
+def test_a_plain_op_that_cannot_fit_raises_before_it_allocates():
+    with SimulatedDevice(None, scale=SCALE) as dev:
+        x = torch.randn(BATCH, WIDTH)
+        budget = x.untyped_storage().nbytes() * 3
+        torch_dtr.enable(budget=budget, device=dev)
+        with pytest.raises(torch_dtr.BudgetError, match=r"aten\.repeat\.default \(a plain op\)"):
+            x.repeat(1, 4)
+        torch_dtr.disable()
+        assert dev.max_allocated() <= budget
+
+
 def test_budget_error_names_what_is_outside_and_suggests_a_budget_above_what_it_quotes():
     with SimulatedDevice(None, scale=SCALE) as dev:
         model = _build()

@@ -167,6 +167,16 @@ class Feed:
             if rt.listeners:
                 rt.emit("op", None)
 
+    def plain(self, need: int, name: str, plain: int) -> int:
+        """Ahead of a plain op whose ``need`` bytes of outputs land on the device (an optimizer's state, a factory):
+        count what plain ops made there since the last call, ``plain``, and evict for ``need`` (or raise a
+        ``BudgetError`` before the op allocates). Returns the room left (``room``), the op's outputs not counted."""
+        rt = self.rt
+        if plain:
+            rt.add_outside(plain)
+        rt.reserve(need, f"{name} (a plain op)")
+        return self.room()
+
     def room(self) -> int:
         """Bytes free under the budget (-1: no budget): the kernel skips ``before`` for an op that fits. With a
         device, none once the runtime's next query of its allocator is due, so that ``before`` makes it."""

@@ -98,7 +98,7 @@ class Op:
     without copying them (NOTE [ Planned rematerialization ] 6).
     """
 
-    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name", "why", "writes")
+    __slots__ = ("inputs", "outputs", "cost", "compute", "live", "name", "why", "writes", "scratch")
 
     def __init__(
         self,
@@ -124,6 +124,7 @@ class Op:
         self.name = name
         self.why: str | None = None  # set by ``Runtime.invalidate``: why the recipe can no longer run
         self.writes: tuple[Storage, ...] = tuple(writes)
+        self.scratch = 0  # bytes the recipe holds besides its outputs while it runs (a front end that measured them)
 
     def __repr__(self) -> str:
         return f"Op({self.name or '?'}, in={[s.sid for s in self.inputs]}, out={[s.sid for s in self.outputs]})"

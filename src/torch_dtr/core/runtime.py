@@ -1504,7 +1504,7 @@ class Runtime:
         self.lock(siblings)  # reserve() must not evict an output that compute() is about to bring back
         self._recomputing = True
         try:
-            need = sum(o.nbytes for o in op.outputs if not o.resident and not o.released)
+            need = sum(o.nbytes for o in op.outputs if not o.resident and not o.released) + op.scratch
             self.reserve(max(0, need - sum(s.nbytes for s in lend)) if lend else need,
                          f"recomputing {op.name or 'an op'}")
         finally:

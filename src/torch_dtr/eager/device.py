@@ -28,11 +28,15 @@ from .rng import RngState
 #    statistics dict), so the runtime learns ``outside`` from it every ``sync_every`` managed ops (64), before
 #    it gives up with a ``BudgetError``, and after an out-of-memory retry. Between two queries what torch-dtr
 #    allocates and frees is counted exactly (each storage rounded up to the allocator's 512 B blocks), and
-#    the fresh outputs of plain ops on the device are added to ``outside`` as they appear (an optimizer's
-#    state on its first step); their frees are seen at the next query, so the count errs high.
+#    the fresh outputs of plain ops on the device are reserved ahead as a managed op's are (their bytes
+#    predicted; an optimizer's state on its first step evicts for itself, or raises a ``BudgetError`` before it
+#    is allocated) and added to ``outside`` as they appear; their frees are seen at the next query, so the
+#    count errs high.
 # 3. What is guaranteed: ``tracked + outside`` as counted never passes the budget after an op. The
 #    allocator's own count can pass it by what plain code allocated since the last query and did not return
-#    through dispatch, and by an op's internal scratch memory (invisible at dispatch).
+#    through dispatch, and by an op's internal scratch memory, which the native front end reserves per call
+#    signature where the device can measure it (NOTE [ Scratch memory ] in native/front.cpp: the simulated
+#    device; not yet CUDA), and rule 6 of NOTE [ Budget accounting ] otherwise.
 # 4. Out of memory, with or without a budget: PyTorch's allocator frees its cache and retries by itself
 #    before it raises ``torch.OutOfMemoryError``. The front end then evicts (``OutOfMemory``): first, where
 #    the device exposes its layout (``Device.segments``), the cheapest *window*, a run of adjacent blocks in

@@ -671,6 +671,24 @@ class Front:
             _DATA.__set__(t, DTRTensor(cell, v))  # t takes v's sizes and strides
             t._cell = cell  # type: ignore[attr-defined]
 
+    def plain_ahead(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """A plain op is about to run on a device under a budget (an optimizer's state, a factory): where its
+        fresh outputs land there, reserve their predicted bytes first, as for a managed op (or raise a
+        ``BudgetError`` before it allocates); native/front.cpp's reserve_plain does the same."""
+        fi = info(func)
+        if not fi.fresh or fi.nested:
+            return
+        dev = self.dev
+        if dev.name != "simulated":  # (there every CPU block is the device's, a factory's too)  # type: ignore[union-attr]
+            on = any(isinstance(a, torch.Tensor) and dev.owns(a) for a in (*args, *kwargs.values()))  # type: ignore[union-attr]
+            d = kwargs.get("device")
+            if not on and not (d is not None and torch.device(d).type == "cuda"):
+                return
+        need = self.sizes.predict(fi, args, kwargs, warn=False)
+        if need > 0:
+            with self.lock:
+                self.rt.reserve(need + GRANULE * len(fi.returns), f"{fi.name} (a plain op)")
+
     def plain_outputs(self, func: Any, out: Any) -> None:
         """A plain op ran on a device under a budget: its fresh outputs there count as outside bytes until
         the next query of the allocator (NOTE [ Device memory ] 2)."""
@@ -848,6 +866,8 @@ class _Mode(TorchDispatchMode):
             if fi.mutated:
                 front.plain_write(fi, args, kwargs)
         if front.oom is not None:  # NOTE [ Device memory ] 2 and 4
+            if front.rt.budget is not None:
+                front.plain_ahead(func, args, kwargs)
             try:
                 out = func(*args, **kwargs)
             except torch.OutOfMemoryError as e:

@@ -808,6 +808,18 @@ bool describe(const IValue& v, std::vector<int64_t>& w) {  // false: not cacheab
 }
 
 std::unordered_map<Key, int64_t, KeyHash> g_sizes;
+// NOTE [ Scratch memory ]
+// 1. A kernel may allocate more than its outputs while it runs (a copy of an input in another layout, a workspace)
+//    and free it before it returns: bytes the allocator counts, that no meta kernel reports. Under a budget they pass
+//    it unless reserved ahead.
+// 2. On a device whose allocator can say the most it held during a stretch (the simulated one, simalloc.h), every
+//    managed op under a budget is watched: the most allocated while it ran, less what it held before and its
+//    outputs, is the op's scratch, kept per call signature (the most seen), and reserved with its outputs from the
+//    next call of that signature on. The first call of a signature is not covered: its excess, if any, is what
+//    NOTE [ Budget accounting ] 6 measures.
+// 3. On CUDA nothing is watched yet (the caching allocator's peak is the user's, and resetting it per op would
+//    change what `torch.cuda.max_memory_allocated` reports): there rule 6 alone covers scratch memory.
+std::unordered_map<Key, int64_t, KeyHash> g_scratch;
 std::unordered_map<Key, double, KeyHash> g_costs;
 // Both caches are bounded, as eager/sizes.py's: a scalar that changes every call (a schedule's factor) makes a new
 // signature every time, and the caches would grow for as long as the program runs; full, a cache starts again.
@@ -1041,6 +1053,7 @@ struct Replay {  // RNG replay: the op draws what it drew the first time; the ge
     if (!state.defined()) return;
     gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
+    simalloc::HostBlocks host;  // (a CPU tensor, also where the generator is CUDA's)
     saved = gen.get_state();
     gen.set_state(state);
   }
@@ -1409,6 +1422,38 @@ void count_plain(const Facts& f, const torch::jit::Stack& stack) {
   if (n) g_plain_bytes.fetch_add(n, std::memory_order_relaxed);
 }
 
+// A plain op about to run under a budget on a device (an optimizer's update or state): where its fresh outputs land
+// on that device, their bytes are predicted as a managed op's are, and where they do not fit the room the core last
+// reported, the core is told first (Feed.plain): it counts what plain ops made since and evicts for them, or raises
+// a BudgetError before the op allocates anything. (A factory without tensor arguments, `torch.zeros(n)`, never
+// reaches this kernel: BackendSelect sends it to its device's; only its fill does. It is counted at the next
+// query.) Called without the GIL.
+void reserve_plain(const c10::OperatorHandle& op, const Facts& f, const torch::jit::Stack& stack, size_t start) {
+  bool on = g_count_plain == 3;  // the simulated device: every CPU block is the device's
+  if (g_count_plain == 1)
+    for (size_t i = start; i < stack.size() && !on; ++i) {
+      const IValue& v = stack[i];
+      if (v.isDevice()) on = v.toDevice().is_cuda();
+      else each_tensor(v, [&](const at::Tensor& t) { on |= t.is_cuda(); });
+    }
+  if (!on) return;
+  py::gil_scoped_acquire gil;  // (predict may ask the size rules; the caches are the kernel's)
+  Lock lock;
+  Py& P = cur();
+  if (!P.active || P.budget < 0) return;
+  thread_local std::vector<int64_t> t_plain_words;
+  Key key{&op.schema(), std::move(t_plain_words)};
+  key.words.clear();
+  bool cacheable = true;
+  for (size_t i = start; i < stack.size() && cacheable; ++i) cacheable = describe(stack[i], key.words);
+  int64_t need = predict(op, stack, start, f, cacheable ? &key : nullptr, false);
+  t_plain_words = std::move(key.words);
+  if (need <= 0) return;
+  need += 512 * static_cast<int64_t>(f.returns.size());  // (both devices round each block up)
+  if (P.room >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) <= P.room) return;
+  P.room = P.session.attr("plain")(need, f.name, take_plain()).cast<int64_t>();
+}
+
 // An op that ran out of its device's memory (NOTE [ Native front end ] 8, NOTE [ Device memory ] 4): the core
 // evicts (at least what the allocator was asked for; never the op's managed inputs `ins`, which it locks while
 // it chooses), the op's arguments and random state are put back, and it runs again; re-raised when nothing was
@@ -1729,10 +1774,18 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   int64_t need = 0;
   if ((P.budget >= 0 || g_trace) && !P.closed) need = predict(op, *stack, start, f, cacheable ? &key : nullptr, evicted);
   const int64_t predicted = need;
-  if (need > 0 && P.retry) {  // on CUDA its allocator rounds each output up: reserved as eager/front.py does
-    bool cuda = false;
+  // on CUDA (and the simulated device) the allocator rounds each output up: reserved as eager/front.py does
+  const bool sim = g_count_plain == 3;
+  if (need > 0 && P.retry) {
+    bool cuda = sim;
     for (const auto& in : rec->inputs) cuda |= (in.slot ? in.opts.device() : in.plain.device()).is_cuda();
     if (cuda) need += 512 * static_cast<int64_t>(f.returns.size());
+  }
+  // NOTE [ Scratch memory ] 2: what the op held besides its outputs when this signature last ran
+  const bool watch = sim && cacheable && P.budget >= 0 && simalloc::on();
+  if (watch && !g_scratch.empty()) {
+    auto it = g_scratch.find(key);
+    if (it != g_scratch.end()) need += it->second;
   }
   const bool dead = dead_pending();
   // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
@@ -1790,6 +1843,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     auto gen = at::globalContext().defaultGenerator(*dev);
     std::lock_guard<std::mutex> lock(gen.mutex());
     Below b;
+    simalloc::HostBlocks host;
     rec->rng = gen.get_state();
     rec->rng_device = *dev;
     ++g_rng;
@@ -1802,11 +1856,14 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   if (known) cost = hit->second;
   std::vector<IValue> called;  // a miss: the arguments as called, for the cost model after the op
   if (!known) called.assign(stack->begin() + static_cast<std::ptrdiff_t>(start), stack->end());
+  int64_t held_before = 0, held_most = 0;  // NOTE [ Scratch memory ] 2
   try {
     const bool release = f.foreign || (known && cost >= kReleaseAbove);
     g_released += release;
+    if (watch) held_before = simalloc::window();
     if (P.retry) run_retrying(op, below, stack, start, *rec, need, ins, release);
     else run_managed_op(op, below, stack, release);
+    if (watch) held_most = simalloc::window_peak();
   } catch (...) {
     if (!held.is_none()) P.session.attr("release")(held);
     throw;
@@ -1829,7 +1886,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   };
   c10::SmallVector<Fresh, 2> fresh;
   py::list nbytes, values;
-  int64_t made_bytes = 0;
+  int64_t made_bytes = 0, made_counted = 0;  // (the second as the device's allocator counts them)
   // an output without a strided storage of its own (sparse, nested) may hold managed inputs inside it (a sparse
   // gradient's values), where no op on it can see them: those inputs are pinned (never evicted) after the op
   bool escaped = false;
@@ -1850,7 +1907,9 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     // on CUDA counted as the caching allocator counts it, in blocks of 512 bytes (NOTE [ Device memory ] 2)
     const auto n = static_cast<int64_t>(si->nbytes());
     made_bytes += n;
-    nbytes.append(si->device().is_cuda() || g_count_plain == 3 ? (n + 511) / 512 * 512 : n);
+    const int64_t counted = si->device().is_cuda() || g_count_plain == 3 ? (n + 511) / 512 * 512 : n;
+    made_counted += counted;
+    nbytes.append(counted);
     values.append(value_of(slot));
     fresh.push_back(Fresh{k, elem, std::move(slot)});
   };
@@ -1880,7 +1939,7 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   };
   if (!fresh.empty() && !known) {
     cost = model_cost();
-    if (cacheable) bounded(g_costs).emplace(std::move(key), cost);
+    if (cacheable) bounded(g_costs).emplace(key, cost);
   }
   // a recipe when it made storages and can run again: not random with a generator of its own, not an op
   // with a side effect, not a write (written inputs are pinned by the core: NOTE [ Native front end ] 5)
@@ -1935,6 +1994,17 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
+  int64_t scratch = 0;  // NOTE [ Scratch memory ] 2: the most this signature held besides its outputs
+  if (watch) {
+    const int64_t now = held_most - held_before - made_counted;
+    if (now > 0) {
+      int64_t& most = bounded(g_scratch)[key];
+      scratch = most = std::max(most, now);
+    } else if (!g_scratch.empty()) {
+      auto it = g_scratch.find(key);
+      if (it != g_scratch.end()) scratch = it->second;
+    }
+  }
   py::object storages;
   if (fresh.empty() && writes.empty() && held.is_none() && !P.closed && !dead && !escaped && stat_ins.empty()) {
     P.views.append(py::make_tuple(ins, f.name));  // it made no memory: told with the next call (rule 7)
@@ -1952,6 +2022,10 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
     if (P.room == -1 && PyErr_Occurred()) throw py::error_already_set();
     if (escaped && ins.size()) P.session.attr("pin")(ins);
     if (stat_ins.size()) P.session.attr("pin")(stat_ins.get());
+    if (scratch > 0 && PyList_GET_SIZE(storages.ptr()) > 0) {  // its recomputations reserve it too
+      py::object rop = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(storages.ptr(), 0)).attr("op");
+      if (!rop.is_none()) rop.attr("scratch") = py::int_(scratch);
+    }
   }
   if (writing) {  // the handles now name the new version
     Buffer* b = wrote[0].first.get();
@@ -2028,6 +2102,7 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
       LockAny lock;  // (not the GIL: plain_writes takes it where it must)
       if (P.active) plain_writes(op, f, stack, start);
     }
+    if (g_count_plain && f.fresh && P.budget >= 0 && P.active) reserve_plain(op, f, *stack, start);
     if (P.retry && !f.random) run_plain_retrying(op, below, stack, start);
     else run_below(op, below, stack);
     if (g_count_plain && f.fresh && P.budget >= 0) count_plain(f, *stack);
@@ -2278,7 +2353,8 @@ void fill_bytes(py::handle v, const at::Tensor& t) {
 std::unordered_map<std::string, int64_t> counters() {
   return {{"managed_ops", g_ops}, {"plain_ops", g_plain}, {"core_calls_before", g_calls}, {"replays", g_replays},
           {"random_states", g_rng}, {"queued", g_queued}, {"size_misses", g_misses}, {"sizes_fell_short", g_short}, {"sizes_unpredicted", g_unsized},
-          {"size_cache", static_cast<int64_t>(g_sizes.size())}, {"cost_cache", static_cast<int64_t>(g_costs.size())}, {"cost_misses", g_cost_misses},
+          {"size_cache", static_cast<int64_t>(g_sizes.size())},
+          {"scratch_cache", static_cast<int64_t>(g_scratch.size())}, {"cost_cache", static_cast<int64_t>(g_costs.size())}, {"cost_misses", g_cost_misses},
           {"constants_seen", static_cast<int64_t>(g_main->seen.size())}, {"costs_here", g_cost_here},
           {"cost_mismatches", g_cost_mismatches}, {"gil_released_ops", g_released},
           {"constant_writes_told", g_writes_told}, {"constant_writes_untold", g_writes_untold}};

@@ -153,6 +153,12 @@ class Session:
         finally:
             rt.release(held)
 
+    def plain(self, need: int, name: str, plain: int) -> int:
+        """A plain op with ``need`` bytes of outputs on the device did not fit the room (front.cpp's reserve_plain):
+        the core makes room for them; returns the room left."""
+        self.flush()
+        return self.feed.plain(need, name, plain)
+
     def stepped(self) -> None:
         """An optimizer's step ended: its plain updates may have allocated (its state, on the first step)."""
         self.flush()

@@ -57,6 +57,7 @@ bool g_expandable = false;
 std::map<int64_t, Segment> g_segs;           // by address, which is also their order of creation
 XSeg g_x[2];                                 // the small and the large pool's expandable segments (rule 5)
 std::unordered_map<uintptr_t, Entry> g_live;  // a block's data pointer -> where it was carved
+int64_t g_win = 0;  // the most allocated since `window` (simalloc.h)
 int64_t g_alloc = 0, g_peak = 0, g_reserved = 0, g_peak_reserved = 0, g_exp_alloc = 0, g_exp_reserved = 0,
         g_ooms = 0, g_next = int64_t(1) << 40;
 
@@ -271,6 +272,7 @@ Entry carve(int64_t nbytes) {  // rules 1-3 and 5
   }
   g_alloc += e.size;
   g_peak = std::max(g_peak, g_alloc);
+  g_win = std::max(g_win, g_alloc);
   return e;
 }
 
@@ -326,6 +328,19 @@ void give(const void* data) {
   if (it == g_live.end()) return;
   release(it->second);
   g_live.erase(it);
+}
+
+HostBlocks::HostBlocks() { ++t_uncounted; }
+HostBlocks::~HostBlocks() { --t_uncounted; }
+
+int64_t window_peak() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_win;
+}
+
+int64_t window() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_win = g_alloc;
 }
 
 void bind(pybind11::module_& m) {

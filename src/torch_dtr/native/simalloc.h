@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 namespace simalloc {
 extern std::atomic<bool> g_on;  // a simulated device is entered
@@ -14,5 +15,14 @@ inline bool on() { return g_on.load(std::memory_order_relaxed); }
 // when the simulated capacity cannot hold it (nothing counted then)
 void take(const void* data, size_t n);
 void give(const void* data);  // the block at `data` is freed (one the simulator did not count: nothing)
+// NOTE [ Scratch memory ] in front.cpp: `window` starts a stretch and returns the bytes allocated now;
+// `window_peak`, the most allocated since
+int64_t window();
+int64_t window_peak();
+// blocks this thread allocates while one lives are host memory on a GPU (a generator's state), not the device's
+struct HostBlocks {
+  HostBlocks();
+  ~HostBlocks();
+};
 void bind(pybind11::module_& m);  // the Python calls (`sim_*`)
 }  // namespace simalloc

@@ -55,7 +55,9 @@ from ..eager.device import GRANULE, SMALL, Device, Segment
 #    tests on small tensors meet the fragmentation that real programs meet on large ones.
 # 7. What it counts: every block of PyTorch's CPU allocator while entered, an op's scratch memory included (as
 #    CUDA's allocator counts a workspace), but the host tier's copies (``host_copies``: on a GPU they live in
-#    host memory). Blocks allocated before it was entered count only through ``adopt``. One at a time per process.
+#    host memory) and the random generator states the native front end keeps for replays (host tensors on a GPU).
+#    Blocks allocated before it was entered count only through ``adopt``. One at a time per process.
+# 8. It reports the most allocated during a stretch (``simalloc::window``), for NOTE [ Scratch memory ].
 
 
 class SimulatedDevice(Device):
