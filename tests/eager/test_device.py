@@ -151,6 +151,24 @@ def test_a_plain_op_that_cannot_fit_raises_before_it_allocates():
         assert dev.max_allocated() <= budget
 
 
+def test_an_excess_nothing_could_reserve_is_said_and_counted_then_kept_free():
+    """Memory no front end sees allocated (here a block taken from the simulated allocator directly) passes the
+    budget: the next allocator query finds it, says so once, counts it in stats().excess_bytes, and keeps it free."""
+    with SimulatedDevice(None, scale=SCALE) as dev:
+        w = torch.randn(BATCH, WIDTH).requires_grad_()
+        budget = 8 * w.untyped_storage().nbytes()
+        torch_dtr.enable(budget=budget, device=dev)
+        held = [torch.tanh(w * (1 + i / 8)) for i in range(6)]  # near the budget
+        addr, _ = dev.alloc(2 * w.untyped_storage().nbytes())  # unseen: the budget is passed here
+        with pytest.warns(RuntimeWarning, match=r"allocator held .* more than the budget"):
+            more = [torch.tanh(w * (2 + i / 8)) for i in range(70)]  # past the next query
+        st = torch_dtr.stats()
+        torch_dtr.disable()
+        dev.free(addr)
+    assert st.excess_bytes > 0 and dev.max_allocated() - budget == st.excess_bytes, (st.excess_bytes, budget)
+    assert len(held) + len(more) == 76
+
+
 def test_budget_error_names_what_is_outside_and_suggests_a_budget_above_what_it_quotes():
     with SimulatedDevice(None, scale=SCALE) as dev:
         model = _build()

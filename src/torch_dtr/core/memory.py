@@ -33,7 +33,9 @@ except ImportError:  # pragma: no cover - mypy_extensions comes with mypy
 # 6. Between two syncs the count can miss device bytes (a block the allocator did not split, a kernel's scratch
 #    memory, a plain tensor still holding a released storage's memory). When a sync finds the allocator's
 #    peak above the budget, the excess is added to ``Runtime.headroom`` (at most a quarter of the budget),
-#    which ``reserve`` keeps free from then on: the budget is kept, after a first excess that is measured.
+#    which ``reserve`` keeps free from then on: the budget is kept, after a first excess that is measured (said
+#    once in a warning, and in ``Stats.excess_bytes``). What front ends reserve ahead so that it does not happen:
+#    plain ops' outputs, and scratch memory where the device can measure it (NOTE [ Scratch memory ]).
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # front ends subclass it

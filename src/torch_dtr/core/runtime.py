@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,6 +236,8 @@ class Stats:
     syncs: int = 0  # allocator queries (``Runtime.sync``)
     oom_retries: int = 0  # ops and recomputations retried after the allocator ran out of memory
     oom_evicted_bytes: int = 0  # bytes evicted to make those retries fit
+    # the most the device's allocator was found holding above the budget (NOTE [ Budget accounting ] 6; 0: never)
+    excess_bytes: int = 0
     # the host tier (NOTE [ Swapping ]): copies out and back, the bytes it holds now and at most
     swaps_out: int = 0
     swaps_in: int = 0
@@ -370,6 +373,7 @@ class Runtime:
         self.sync_every = sync_every
         self.syncs = 0
         self.headroom = 0  # bytes kept free below the budget for what the count missed between syncs (rule 6)
+        self.excess = 0  # the most the allocator's peak was found above the budget (rule 6)
         self._device_peak = -1  # the allocator's peak at the last sync
         self._dirty = False  # the outside count grew by guesses since the last sync (plain ops' outputs)
         self._synced: tuple[int, int, int] | None = None  # (ops, tracked, outside) right after the last sync
@@ -937,6 +941,13 @@ class Runtime:
                 mem.peak = peak
             if self.budget is not None and peak > self.budget:
                 self.headroom = min(self.budget // 4, self.headroom + peak - self.budget)
+                if not self.excess:
+                    warnings.warn(f"torch_dtr: the device's allocator held {fmt_bytes(peak - self.budget)} more than the "
+                                  f"budget of {fmt_bytes(self.budget)} since its last query: memory allocated where "
+                                  f"torch-dtr could not reserve it first (a kernel's scratch memory on its first call, "
+                                  f"a factory, plain code); {fmt_bytes(self.headroom)} is kept free from now on. "
+                                  f"stats().excess_bytes reports the most it passed by.", RuntimeWarning, stacklevel=2)
+                self.excess = max(self.excess, peak - self.budget)
         self._device_peak = peak
 
     def add_outside(self, nbytes: int) -> None:
@@ -1566,6 +1577,7 @@ class Runtime:
             syncs=self.syncs,
             oom_retries=self.oom_retries,
             oom_evicted_bytes=self.oom_evicted_bytes,
+            excess_bytes=self.excess,
             **({} if self.tier is None else {
                 "swaps_out": self.tier.outs, "swaps_in": self.tier.ins, "host_bytes": self.tier.used,
                 "host_peak_bytes": self.tier.peak}),
