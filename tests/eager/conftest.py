@@ -12,8 +12,9 @@ if os.environ.get("DTR_TEST_SWAP") == "1":  # every test with the host tier on (
 
 # NOTE [ One behavioural suite ]
 # Every test here runs against both front ends (NOTE [ Choosing the front end ]): "default", what
-# ``torch_dtr.enable()`` chooses for the test's options (the compiled front end, or the Python one where a test asks
-# for one of its own options), and "python", the fallback, forced. ``DTR_TEST_FRONT=default`` (or ``python``) runs one of them.
+# ``torch_dtr.enable()`` chooses for the test's options (the compiled front end, or the Python one where a test
+# asks for one of its own options), and "python", the fallback, forced. ``DTR_TEST_FRONT=default`` (or ``python``)
+# runs one of them.
 # Tests marked ``python_front`` test the Python front end's own internals (``DTRTensor``, its size cache)
 # and run on it alone. The front end is set per module (``TORCH_DTR_FRONT``, which subprocesses inherit), so that
 # fixtures which enable a session once per module run on it too.

@@ -942,10 +942,11 @@ class Runtime:
             if self.budget is not None and peak > self.budget:
                 self.headroom = min(self.budget // 4, self.headroom + peak - self.budget)
                 if not self.excess:
-                    warnings.warn(f"torch_dtr: the device's allocator held {fmt_bytes(peak - self.budget)} more than the "
-                                  f"budget of {fmt_bytes(self.budget)} since its last query: memory allocated where "
-                                  f"torch-dtr could not reserve it first (a kernel's scratch memory on its first call, "
-                                  f"a factory, plain code); {fmt_bytes(self.headroom)} is kept free from now on. "
+                    over = fmt_bytes(peak - self.budget)
+                    warnings.warn(f"torch_dtr: the device's allocator held {over} more than the budget of "
+                                  f"{fmt_bytes(self.budget)} since its last query: memory allocated where torch-dtr "
+                                  f"could not reserve it first (a kernel's scratch memory on its first call, a factory, "
+                                  f"plain code); {fmt_bytes(self.headroom)} is kept free from now on. "
                                   f"stats().excess_bytes reports the most it passed by.", RuntimeWarning, stacklevel=2)
                 self.excess = max(self.excess, peak - self.budget)
         self._device_peak = peak
