@@ -945,8 +945,8 @@ class Runtime:
                     over = fmt_bytes(peak - self.budget)
                     warnings.warn(f"torch_dtr: the device's allocator held {over} more than the budget of "
                                   f"{fmt_bytes(self.budget)} since its last query: memory allocated where torch-dtr "
-                                  f"could not reserve it first (a kernel's scratch memory on its first call, a factory, "
-                                  f"plain code); {fmt_bytes(self.headroom)} is kept free from now on. "
+                                  f"could not reserve it first (a kernel's scratch memory on its first call, a "
+                                  f"factory, plain code); {fmt_bytes(self.headroom)} is kept free from now on. "
                                   f"stats().excess_bytes reports the most it passed by.", RuntimeWarning, stacklevel=2)
                 self.excess = max(self.excess, peak - self.budget)
         self._device_peak = peak
