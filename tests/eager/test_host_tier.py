@@ -221,10 +221,11 @@ def test_a_copy_back_that_finds_the_device_full_evicts_and_retries():
             torch_dtr.disable()
 
 
-def _lstm_cell_loop_on_a_simulated_device(budget: int | None = None, **kw) -> tuple[list[float], list, int, object]:
+def _lstm_cell_loop_on_a_simulated_device(budget: int | None = None, in_flight: int = 0,
+                                          **kw) -> tuple[list[float], list, int, object]:
     """An LSTM-cell loop (width 256, batch 64, 40 steps, Adam), three steps, everything on a simulated device
     (scale 1/16); the allocator's peak over steps 2-3 (the first makes the optimizer's state)."""
-    with SimulatedDevice(None, scale=1 / 16) as dev:
+    with SimulatedDevice(None, scale=1 / 16, in_flight=in_flight) as dev:
         torch.manual_seed(0)
         cell, head = torch.nn.LSTMCell(256, 256), torch.nn.Linear(256, 10)
         params = [*cell.parameters(), *head.parameters()]
@@ -257,16 +258,18 @@ def lstm_cell_loop_plain() -> tuple:
     return _lstm_cell_loop_on_a_simulated_device()
 
 
+@pytest.mark.parametrize("in_flight", [0, 3], ids=["copies-landed", "copies-in-flight"])
 @pytest.mark.parametrize("ratio", [0.65, 0.5])
 def test_the_host_tier_keeps_the_allocators_count_within_the_budget_on_a_simulated_device(lstm_cell_loop_plain,
-                                                                                        ratio):
+                                                                                        ratio, in_flight):
     """Issue 55: with ``swap=True`` an LSTM loop passed its budget on GPUs (+21 MiB at 65%) and once on the old
     simulated device (+177,127 B at 65%). The simulated allocator counts every CPU block now, scratch memory and
-    copies back included (not the copies out, which live in host memory): held, bitwise. What it cannot model:
-    copies in flight on a side stream (CUDA only)."""
+    copies back included (not the copies out, which live in host memory): held, bitwise. With ``in_flight=3`` each
+    copy out holds its device block until its simulated event lands (three polls later, or when waited for), as
+    a side stream's copy does on CUDA: held too."""
     want, want_params, peak, _ = lstm_cell_loop_plain
     budget = int(ratio * peak)
-    got, params, used, st = _lstm_cell_loop_on_a_simulated_device(budget, swap=True, swap_gbps=1000)
+    got, params, used, st = _lstm_cell_loop_on_a_simulated_device(budget, in_flight, swap=True, swap_gbps=1000)
     assert got == want and all(torch.equal(a, b) for a, b in zip(want_params, params, strict=True))
     assert st.swaps_out > 0 and st.swaps_in > 0, st
     assert used <= budget, f"the allocator's peak {used} B passed the budget {budget} B by {used - budget} B"

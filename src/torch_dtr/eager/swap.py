@@ -29,8 +29,10 @@ from ..core.errors import parse_budget
 #    memory (asynchronous; PyTorch keeps the pinned block until the copy has run). Copies out overlap
 #    compute, so only copies back are charged (``Tier.out_free``).
 # 3. The CPU (and ``SimulatedDevice``): plain synchronous copies into tensors that no dispatch mode sees (a
-#    simulated device does not count them: ``Device.host_copies``); both directions are charged. This tier saves no RAM
-#    on the CPU: it exists so that every path of swapping runs in CI, with a host budget of its own.
+#    simulated device does not count them: ``Device.host_copies``); both directions are charged. A simulated
+#    device with ``in_flight`` keeps each copy's device block as rule 2 does, until its simulated event lands. This
+#    tier saves no RAM on the CPU: it exists so that every path of swapping runs in CI, with a host budget of its
+#    own.
 # 4. Modelled bandwidths (bytes per second of modelled cost, as NOTE [ Modelled costs ]): 25 GB/s to a GPU
 #    (PCIe 4.0/5.0 x16 with pinned memory, rounded down), 2.5 GB/s on the CPU (a copy reads and writes each
 #    byte at ``costs.RATES``' 5 GB/s). ``swap_gbps`` overrides them.
@@ -95,6 +97,23 @@ class HostPool:
     def add(self, nbytes: int) -> None:
         with self.lock:
             self.used += nbytes
+
+
+class Landing:
+    """A simulated copy out's event (NOTE [ Simulated allocator ] 9): landed after ``polls`` queries, or once
+    waited for."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, polls: int) -> None:
+        self.left = polls
+
+    def query(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def synchronize(self) -> None:
+        self.left = -1
 
 
 class HostTier(Tier):
@@ -169,13 +188,18 @@ class HostTier(Tier):
         else:
             with self.device.host_copies() if self.device is not None else contextlib.nullcontext():
                 host = src.clone()  # host memory (a simulated device counts CPU blocks: NOTE [ Simulated allocator ] 7)
+            polls = getattr(self.device, "in_flight", 0)
+            if polls:  # a simulated device's copies in flight (NOTE [ Simulated allocator ] 9): as on CUDA above
+                event = Landing(polls)
+                self.flight.append((event, keep, nbytes))
+                self.pending += nbytes
         return host, event
 
     @staticmethod
     def copy_bytes_in(host: torch.Tensor, event: Any, device: torch.device) -> torch.Tensor:
         """The bytes of a host copy, back on ``device`` (a fresh allocation a simulated device counts:
         ``to(copy=True)`` below autograd is an alias op)."""
-        if event is not None:
+        if event is not None and device.type == "cuda":
             torch.cuda.current_stream(device).wait_event(event)
         flat = torch.empty(host.numel(), dtype=torch.uint8, device=device)
         flat.copy_(host, non_blocking=device.type == "cuda")

@@ -58,6 +58,10 @@ from ..eager.device import GRANULE, SMALL, Device, Segment
 #    host memory) and the random generator states the native front end keeps for replays (host tensors on a GPU).
 #    Blocks allocated before it was entered count only through ``adopt``. One at a time per process.
 # 8. It reports the most allocated during a stretch (``simalloc::window``), for NOTE [ Scratch memory ].
+# 9. ``in_flight=n`` models the host tier's copies out on a side stream (NOTE [ Host copies ] 2): the copy is made
+#    at once, but the device block it copies from stays allocated until the copy lands, which its event
+#    (``eager.swap.Landing``) says at the tier's (n+1)-th poll, or at once when waited for. 0 (the default): copies
+#    land as they are made.
 
 
 class SimulatedDevice(Device):
@@ -66,9 +70,14 @@ class SimulatedDevice(Device):
     name = "simulated"
     cheap_layout = True  # its own records (NOTE [ Layout-aware eviction ])
 
-    def __init__(self, capacity: int | str | None = None, *, expandable: bool = False, scale: float = 1.0) -> None:
+    def __init__(self, capacity: int | str | None = None, *, expandable: bool = False, scale: float = 1.0,
+                 in_flight: int = 0) -> None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
             raise ValueError(f"torch_dtr: SimulatedDevice scale must be a number > 0, got {scale!r}")
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 0:
+            raise ValueError(f"torch_dtr: SimulatedDevice in_flight must be an int >= 0 (polls until a copy out "
+                             f"lands), got {in_flight!r}")
+        self.in_flight = in_flight  # rule 9
 
         def sized(n: int) -> int:
             return max(GRANULE, int(n * scale) // GRANULE * GRANULE)
