@@ -6,8 +6,9 @@ and its record cannot disagree (tests/test_readme.py regenerates the paragraph a
 What it says, and from which rows: the compiled front end with the compiled core (``kind`` "native",
 ``compiled_core`` true) and the Python front end (``kind`` "dtr") on GPT-2 small, each a range over every session
 that ran it (not the best one), with the sessions' devices and dates; checkpointing every block; and how many runs
-with a budget passed it (``max_memory_allocated`` above the budget), on any workload and under torch.distributed
-(docs/gpu/*-distributed*.json, whose budgets are in the contenders' names).
+with a budget passed it (``max_memory_allocated`` above the budget), on any workload (the records
+docs/benchmarks-cuda.md lists, each run once) and under torch.distributed (docs/gpu/*-distributed*.json, one rank
+each, whose budgets are in the contenders' names).
 """
 
 from __future__ import annotations
@@ -48,12 +49,23 @@ def _device(machine: str) -> str:
     return m.group(1) if m else machine.split(" (")[0]
 
 
+def listed(folder: Path) -> set[str] | None:
+    """The bench records docs/benchmarks-cuda.md lists (it drops those of code since changed in what they measure);
+    None where there is no such page beside ``folder`` (every record counts)."""
+    doc = folder.parent / "benchmarks-cuda.md"
+    if not doc.exists():
+        return None
+    return set(re.findall(r"\| docs/gpu/([\w.-]+\.json) \|", doc.read_text()))
+
+
 def runs(folder: Path) -> list[Run]:
-    """Every contender of every bench record in ``folder`` (sessions of ``benchmarks/gpu_session.py``)."""
-    out = []
+    """Every contender of every bench record in ``folder`` (sessions of ``benchmarks/gpu_session.py``) that
+    docs/benchmarks-cuda.md lists; a run a record holds twice, identical, counts once."""
+    out, seen = [], set()
+    keep = listed(folder)
     for path in sorted(folder.glob("*.json")):
         rec = json.loads(path.read_text())
-        if not isinstance(rec, dict) or "workloads" not in rec:
+        if not isinstance(rec, dict) or "workloads" not in rec or (keep is not None and path.name not in keep):
             continue
         machine = rec.get("machine", "")
         torch_v = re.search(r"torch (\d+\.\d+)", machine)
@@ -64,6 +76,10 @@ def runs(folder: Path) -> list[Run]:
             p_step = plain.get("step_s")
             for c in cs:
                 step = c.get("step_s")
+                key = (path.name, name, c.get("label"), step, c.get("max_allocated"))
+                if key in seen:
+                    continue
+                seen.add(key)
                 out.append(Run(path.name, _device(machine), rec.get("date", ""), torch_v.group(1) if torch_v else "?",
                                name, c.get("label", ""), c.get("kind", ""), bool(c.get("compiled_core")),
                                step / p_step if step and p_step else None, c.get("budget"), c.get("max_allocated"),
@@ -148,9 +164,8 @@ def paragraph(folder: Path) -> str:
         f"budget, {_range(py['50%'])} at 50%, {_range(py['37%'])} at 37%. Checkpointing every block: {c.ratio:.2f}x "
         f"at {(c.peak or 0) / (c.plain_peak or 1):.0%} of plain's {(c.plain_peak or 0) / 2**30:.1f} GiB. "
         f"Budgets were passed in {len(passed)} of {len(budgeted)} budgeted bench runs (any "
-        f"workload; {sum('host copies' in r.label for r in passed)} with `swap=True`) and on {len(dist_passed)} of "
-        f"{len(dist)} ranks under torch.distributed, by {min(over):.1f}-{max(over):.1f} MiB "
-        f"([docs/gpu/notes.md](docs/gpu/notes.md))."
+        f"workload; {sum('host copies' in r.label for r in passed)} with `swap=True`) and in {len(dist_passed)} of "
+        f"{len(dist)} one-rank runs under torch.distributed, by {min(over):.1f}-{max(over):.1f} MiB."
     )
 
 

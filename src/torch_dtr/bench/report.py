@@ -32,7 +32,7 @@ def write(results: dict[str, Any], out: Path) -> Path:
         "included); *RSS over base* subtracts what the process held after building the model and data. RSS",
         "comes from one more short run per contender with glibc's mmap threshold fixed at 64 KiB, so that",
         "freed tensors go back to the OS and RSS follows live tensors; step times come from runs with the",
-        "default allocator, as users run (the fixed threshold slows every large allocation; docs/design.md",
+        "default allocator, as users run (the fixed threshold slows every large allocation; docs/decisions.md",
         "says by how much when it was measured).",
         "Budget ratios are fractions of plain PyTorch's tracked peak.",
         "",
@@ -300,7 +300,7 @@ def readme_table(results: dict[str, Any]) -> str:
             step, plain = cs.get(key, {}).get("step_s"), cs["plain PyTorch"]["step_s"]
             ratio = float(key.split()[-1].rstrip("%")) / 100
             cells.append(f"{step / plain:.2f}x" if step and plain else
-                         "below its floor" if w["search"]["min_ratio"] > ratio else "failed")
+                         "does not train" if w["search"]["min_ratio"] > ratio else "failed")
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     rows.append("| smallest that trains | " + " | ".join(f"{w['search']['min_ratio']:.1%}" for w in ws.values()) + " |")
     return "\n".join(rows)
