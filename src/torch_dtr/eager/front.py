@@ -680,7 +680,8 @@ class Front:
             return
         dev = self.dev
         if dev.name != "simulated":  # (there every CPU block is the device's, a factory's too)  # type: ignore[union-attr]
-            on = any(isinstance(a, torch.Tensor) and dev.owns(a) for a in (*args, *kwargs.values()))  # type: ignore[union-attr]
+            on = any(isinstance(t, torch.Tensor) and dev.owns(t)  # type: ignore[union-attr]
+                     for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else (a,)))
             d = kwargs.get("device")
             if not on and not (d is not None and torch.device(d).type == "cuda"):
                 return
