@@ -1777,16 +1777,18 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   // on CUDA (and the simulated device) the allocator rounds each output up: reserved as eager/front.py does
   const bool sim = g_count_plain == 3;
   if (need > 0 && P.retry) {
-    bool cuda = sim;
-    for (const auto& in : rec->inputs) cuda |= (in.slot ? in.opts.device() : in.plain.device()).is_cuda();
-    if (cuda) need += 512 * static_cast<int64_t>(f.returns.size());
+    bool rounds = sim;
+    for (const auto& in : rec->inputs) rounds |= (in.slot ? in.opts.device() : in.plain.device()).is_cuda();
+    if (rounds) need += 512 * static_cast<int64_t>(f.returns.size());
   }
-  // NOTE [ Scratch memory ] 2: what the op held besides its outputs when this signature last ran
+  // NOTE [ Scratch memory ] 2: the most this signature held besides its outputs, so far
   const bool watch = sim && cacheable && P.budget >= 0 && simalloc::on();
+  int64_t scratch = 0;
   if (watch && !g_scratch.empty()) {
     auto it = g_scratch.find(key);
-    if (it != g_scratch.end()) need += it->second;
+    if (it != g_scratch.end()) scratch = it->second;
   }
+  need += scratch;
   const bool dead = dead_pending();
   // deaths alone wait for `ran`, which drops them before it counts this op's outputs (the same order)
   const bool call = g_trace || evicted || (P.budget >= 0 && need + g_plain_bytes.load(std::memory_order_relaxed) > P.room) ||
@@ -1994,16 +1996,9 @@ void managed(const c10::OperatorHandle& op, const Facts& f, DispatchKeySet below
   }
   py::object wrote_arg = py::none();
   if (writes.size()) wrote_arg = py::make_tuple(old_storage, mode_name, new_value);
-  int64_t scratch = 0;  // NOTE [ Scratch memory ] 2: the most this signature held besides its outputs
-  if (watch) {
-    const int64_t now = held_most - held_before - made_counted;
-    if (now > 0) {
-      int64_t& most = bounded(g_scratch)[key];
-      scratch = most = std::max(most, now);
-    } else if (!g_scratch.empty()) {
-      auto it = g_scratch.find(key);
-      if (it != g_scratch.end()) scratch = it->second;
-    }
+  if (watch && held_most - held_before - made_counted > scratch) {  // NOTE [ Scratch memory ] 2: a new most
+    scratch = held_most - held_before - made_counted;
+    bounded(g_scratch)[key] = scratch;
   }
   py::object storages;
   if (fresh.empty() && writes.empty() && held.is_none() && !P.closed && !dead && !escaped && stat_ins.empty()) {
