@@ -329,3 +329,22 @@ def test_a_budget_error_says_how_to_find_a_budget_for_the_whole_step():
         msg = str(err.value)
         assert f"torch_dtr.enable(budget={err.value.budget})" in msg and route in msg, (learn, msg)
         assert not torch_dtr.enabled()
+
+
+@pytest.mark.parametrize("front", ["native", "python"])
+def test_training_steps_follow_the_plan_of_the_step_before_bitwise_within_the_budget(front, monkeypatch):
+    # NOTE [ Iteration plans ]: each optimizer step ends an iteration; the next follows its plan while it matches
+    if front == "native" and not native.available():
+        pytest.skip("the C++ front end cannot be built here")
+    monkeypatch.setenv("TORCH_DTR_FRONT", front)
+    plain = _train(_mlp(), steps=5)
+    budget = _peak() // 2
+    with torch_dtr.enable(budget=budget):
+        assert torch_dtr.front() == front
+        out = _train(_mlp(), steps=5)
+        st = torch_dtr.stats()
+    assert _same(out, plain)
+    # the plan first (step 2), then without it (step 3), then the one that recomputed less (steps 4, 5); the copies
+    # of the parameters after the last step are not that plan's iteration: they leave it, and are counted
+    assert (st.iterations, st.diverged) == (5, 1) and st.planned >= 1
+    assert st.peak_bytes <= budget and st.evictions > 0 and st.rematerializations > 0

@@ -34,7 +34,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-MODULES = ("records", "memory", "trackers", "policies", "swap", "runtime", "feed")
+MODULES = ("records", "memory", "trackers", "policies", "swap", "plan", "runtime", "feed")
 HERE = Path(__file__).resolve().parent
 _SUFFIXES = (".so", ".pyd")
 

@@ -39,7 +39,7 @@ class Storage:
 
     __slots__ = (
         "sid", "nbytes", "op", "payload", "resident", "pinned", "locks", "refs", "deps",
-        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "host", "moves",
+        "last_access", "children", "aux", "released", "forward", "chain", "banished", "awaits", "host", "moves", "tag",
         "__weakref__",
     )  # fmt: skip
 
@@ -63,6 +63,7 @@ class Storage:
         self.awaits = False  # kept resident without handles for a reader's evicted output (NOTE [ Lifetimes ] 3)
         self.host: Any = None  # its copy in the host tier (NOTE [ Swapping ]); not resident + host: *swapped*
         self.moves = False  # pinned, but only the runtime holds its value: a tier may copy it out (Swapping 9)
+        self.tag = -1  # which output of which iteration it is (NOTE [ Iteration plans ] in plan.py)
 
     @property
     def recomputable(self) -> bool:

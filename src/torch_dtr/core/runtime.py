@@ -32,6 +32,7 @@ from typing import Any
 
 from .errors import BudgetError, ConstantChangedError, InternalError, fmt_bytes, internal_assert
 from .memory import Drop, Memory
+from .plan import Iterations
 from .policies import DEFAULT_POLICY, Policy, get_policy
 from .records import Op, Storage
 from .swap import Tier
@@ -247,6 +248,11 @@ class Stats:
     # budget at which their replay trains (where no step ended: what it traced; None: nothing learned yet)
     traced_steps: int = 0
     learned_budget: int | None = None
+    # NOTE [ Iteration plans ]: iterations ended (optimizer steps), those that followed the plan of the one before
+    # to their end, and those that left it
+    iterations: int = 0
+    planned: int = 0
+    diverged: int = 0
 
 
 # how a BudgetError says to raise the budget (``Runtime.fix``: a front end puts its own calls there; {n}: bytes)
@@ -347,6 +353,7 @@ class Runtime:
         banish_depth: int = 0,
         lazy_tracking: bool = False,
         tier: Tier | None = None,
+        plans: bool = True,
     ) -> None:
         if budget is not None and budget < 0:
             raise ValueError(f"torch_dtr: budget must be >= 0 bytes, got {budget}")
@@ -409,6 +416,8 @@ class Runtime:
         # block it can use), evicted before the policy's when the budget needs room (NOTE [ Layout-aware
         # eviction ] in eager/device.py)
         self.layout: Callable[[int], Sequence[Storage]] | None = None
+        self.iterations = Iterations()  # NOTE [ Iteration plans ] (plan.py); ``plans=False``: boundaries ignored
+        self.plans = plans
 
     # ------------------------------------------------------------------ observers
     def listen(self, fn: Listener) -> Callable[[], None]:
@@ -491,11 +500,14 @@ class Runtime:
                     need += s.nbytes
                 s.deps += 1
                 s.children.append(op)
+            self.iterations.ran(op.inputs, cost, name)
         else:
-            for s in inputs if len(inputs) < 2 else dict.fromkeys(inputs):  # distinct
+            distinct = inputs if len(inputs) < 2 else list(dict.fromkeys(inputs))
+            for s in distinct:
                 s.last_access = now
                 if not s.pinned or (s.moves if tier else s.banished):
                     need += s.nbytes
+            self.iterations.ran(distinct, cost, name)
         self._need, self._need_op = need, name
         if need > self.floor:
             self.floor, self.floor_op = need, name
@@ -515,6 +527,7 @@ class Runtime:
         self.next_sid += 1
         s.last_access = self.clock
         if op is not None:
+            self.iterations.made(s)
             op.outputs.append(s)
             op.live += 1
         self.live[s] = None
@@ -528,6 +541,12 @@ class Runtime:
         if not s.resident:
             self.rematerialize(s)
         return s.payload
+
+    def boundary(self) -> None:
+        """An iteration of the program ended (an optimizer step): it becomes the plan the next one follows while
+        it matches (NOTE [ Iteration plans ] in plan.py)."""
+        if self.plans:
+            self.iterations.boundary(self.live, self.remat_cost + self.swap_cost)
 
     def set_cost(self, op: Op, cost: float) -> None:
         """Replace ``op``'s cost by a better measurement (CUDA events), unless the old one is already summed
@@ -1251,6 +1270,9 @@ class Runtime:
         now = self.clock
         best, best_score = None, math.inf
         self.scored += len(pool)
+        it = self.iterations
+        if it.steer:  # NOTE [ Iteration plans ] 3: the plan's next read instead of the last read
+            return self._best_planned(pool, floor, it)
         if self.policy.h_dtr:  # the same loop with the default's score inline (the hot path of evicting)
             # the default tracker's ``extra`` called as the typed function it is (the same value; a bound
             # method called through ``Any`` cost about half the search on the bench's LSTM loop)
@@ -1286,6 +1308,33 @@ class Runtime:
                 continue  # even its smallest possible score does not win: its extra is not needed
             else:
                 v = score(s.cost, s.nbytes, stale, extra(s))
+            if v < best_score:
+                best, best_score = s, v
+        self._score = best_score
+        return best
+
+    def _best_planned(self, pool: Any, floor: float, it: Iterations) -> Storage | None:
+        """``_best`` while an iteration follows its plan: staleness replaced by the distance to the plan's next
+        read (NOTE [ Iteration plans ] 3)."""
+        score = self.policy.score
+        extra = self.tracker.extra if self.tracker.scores else None
+        bound = self.policy.extra_floor if extra is not None else None
+        comp = type(self.tracker) is Components and bound == 0.0
+        now = self.clock
+        best, best_score = None, math.inf
+        s: Storage
+        for s in pool:
+            n = s.nbytes
+            if s.locks or n < floor or n == 0:
+                continue
+            dist = it.distance(s, now - s.last_access) + 1e-9
+            c = s.cost
+            if extra is None:
+                v = score(c, n, dist, 0.0)
+            elif bound is not None and score(c, n, dist, bound) >= best_score:
+                continue
+            else:
+                v = score(c, n, dist, comp_extra(s) if comp else extra(s))
             if v < best_score:
                 best, best_score = s, v
         self._score = best_score
@@ -1579,6 +1628,9 @@ class Runtime:
             oom_retries=self.oom_retries,
             oom_evicted_bytes=self.oom_evicted_bytes,
             excess_bytes=self.excess,
+            iterations=self.iterations.boundaries,
+            planned=self.iterations.planned,
+            diverged=self.iterations.diverged,
             **({} if self.tier is None else {
                 "swaps_out": self.tier.outs, "swaps_in": self.tier.ins, "host_bytes": self.tier.used,
                 "host_peak_bytes": self.tier.peak}),

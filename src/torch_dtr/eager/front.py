@@ -806,6 +806,14 @@ class Front:
 
     def _step_ends(self, *_: Any) -> None:
         self.stepping = 0
+        with self.lock:  # an iteration ended: NOTE [ Iteration plans ] in core/plan.py
+            if not self.busy:
+                self.busy = True
+                try:
+                    self.drain()
+                    self.rt.boundary()
+                finally:
+                    self.busy = False
 
     def close(self) -> None:
         self.closed = True

@@ -163,6 +163,9 @@ class Session:
         """An optimizer's step ended: its plain updates may have allocated (its state, on the first step)."""
         self.flush()
         self.ext.set_stepping(0)
+        self.rt.boundary()  # NOTE [ Iteration plans ] (core/plan.py)
+        if self.trace is not None:
+            self.trace.boundary()
         if self.dev is not None and self.rt.budget is not None:
             self.rt.sync()
             self.ext.forget_room()

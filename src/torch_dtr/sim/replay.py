@@ -42,6 +42,10 @@ from .log import Call, Constant, Copy, Log, Mutate, Release
 # 8. With a host tier (``simulate(..., swap_gbps=B)``, NOTE [ Swapping ]), a copy costs bytes / B GB/s of log
 #    time (the copy out too, unless ``swap_out_free``: it overlaps compute), and the overhead adds the copies:
 #    (logged + recomputed + copy time) / logged. ``host_budget`` bounds the bytes held there.
+# 9. ``iterations=n`` replays the log n times, as a training loop runs one iteration again: between passes the
+#    outputs are made resident (rule 6), every name but a constant's is dropped, and the runtime is told of the
+#    boundary (NOTE [ Iteration plans ] in core/plan.py); a CONSTANT whose name is still bound (a parameter, its
+#    newest version after the optimizer's write) is not made again. The overhead divides by n x the logged time.
 
 THRASH_AT = 2.0
 _RESIDENT = True  # the fake payload of a resident storage
@@ -84,6 +88,8 @@ class Outcome:
     swaps_out: int = 0  # copies to the host tier (rule 8)
     swaps_in: int = 0
     swap_gbps: float | None = None
+    planned: int = 0  # iterations that followed their plan to the end (rule 9; NOTE [ Iteration plans ])
+    diverged: int = 0  # iterations that left it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,12 +99,15 @@ class Replay:
     """Drives a ``Runtime`` from a ``Log`` (see NOTE [ Replaying a log ])."""
 
     def __init__(self, log: Log, rt: Runtime, thrash_at: float | None = THRASH_AT, live_order: bool = False,
-                 pinned_ops: str = "") -> None:
+                 pinned_ops: str = "", iterations: int = 1) -> None:
+        if iterations < 1:
+            raise ValueError(f"torch_dtr: iterations must be >= 1, got {iterations}")
+        self.iterations = iterations
         self.log = log
         self.pinned_ops = pinned_ops  # a name prefix: those ops' outputs are never recomputed
         self.rt = rt
         self.live_order = live_order  # inputs brought back as the live runtime does (resident ones locked first)
-        self.base_ns = log.op_time_ns()
+        self.base_ns = log.op_time_ns() * iterations
         self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
         self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
         self.k = 0  # index of the instruction being replayed (listeners of "op" events read it)
@@ -178,13 +187,24 @@ class Replay:
 
     def _constant(self, ins_: Constant) -> None:
         rt = self.rt
+        if ins_.name in self.names:  # a later pass: the constant lives on (rule 9)
+            return
         rt.reserve(ins_.nbytes, f"constant {ins_.name}")
         s = rt.output(None, ins_.nbytes, _RESIDENT)
         self._bind(ins_.name, s)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
-        """Replay the measured iteration; raises ``BudgetError`` (oom) or ``_Thrash``."""
+        """Replay the measured iteration (``iterations`` times, rule 9); raises ``BudgetError`` (oom) or ``_Thrash``."""
+        constants = {ins.name for ins in self.log.instrs if type(ins) is Constant}
+        for i in range(self.iterations):
+            if i:
+                for name in [n for n in self.names if n not in constants]:
+                    self.rt.drop_ref(self.names.pop(name))
+            self._pass()
+            self.rt.boundary()
+
+    def _pass(self) -> None:
         rt, names = self.rt, self.names
         instrs = self.log.instrs
         thrash_ns = self.thrash_ns
@@ -237,17 +257,18 @@ def no_eviction_peak(log: Log) -> int:
 def simulate(log: Log, policy: str | Policy = DEFAULT_POLICY, *, ratio: float | None = None, budget: int | None = None,
              peak: int | None = None, thrash_at: float | None = THRASH_AT, live_order: bool = False,
              swap_gbps: float | None = None, host_budget: int | None = None, swap_out_free: bool = False,
-             pinned_ops: str = "", **runtime_options: Any) -> Outcome:
+             pinned_ops: str = "", iterations: int = 1, **runtime_options: Any) -> Outcome:
     """Replay ``log`` under ``budget`` bytes, or ``ratio`` x its no-eviction peak (``peak`` if known).
     ``live_order``: bring inputs back as the live runtime does instead of as the DTR authors' simulator did.
-    ``swap_gbps``: a host tier with this bandwidth (GB/s; rule 8), holding at most ``host_budget`` bytes."""
+    ``swap_gbps``: a host tier with this bandwidth (GB/s; rule 8), holding at most ``host_budget`` bytes.
+    ``iterations``: the log replayed so many times, a boundary between passes (rule 9)."""
     budget = budget_for(ratio, budget, lambda: peak if peak is not None else no_eviction_peak(log), "simulate")
     if swap_gbps is not None:
         if not swap_gbps > 0:
             raise ValueError(f"torch_dtr: swap_gbps must be > 0 (GB/s), got {swap_gbps}; e.g. 12 for PCIe 3.0 x16")
         runtime_options["tier"] = Tier(host_budget, bandwidth=swap_gbps, out_free=swap_out_free)  # GB/s = B/ns
     rt = Runtime(budget, policy, **runtime_options)
-    rp = Replay(log, rt, thrash_at, live_order, pinned_ops)
+    rp = Replay(log, rt, thrash_at, live_order, pinned_ops, iterations)
     return outcome(rp, rt, rp.base_ns, ratio, budget, swap_gbps)
 
 
@@ -282,4 +303,5 @@ def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int 
         rematerializations=rt.rematerializations, accesses=rt.scored, peak_bytes=rt.memory.peak, ops=rt.ops,
         wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
         swaps_out=rt.tier.outs if rt.tier else 0, swaps_in=rt.tier.ins if rt.tier else 0, swap_gbps=swap_gbps,
+        planned=rt.iterations.planned, diverged=rt.iterations.diverged,
     )

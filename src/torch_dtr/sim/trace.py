@@ -31,7 +31,8 @@ from .replay import THRASH_AT, Outcome, _Thrash, budget_for, outcome
 #    ``["Q", views]`` queued ops told by the session; ``["D", sids]`` handle deaths it told; ``["K", gone]``
 #    constants that died ([key, bytes] each); ``["W", keys, name]`` a write to constants recipes read;
 #    ``["P", sids]`` storages pinned (outputs without strided storage, ``unwrap``); ``["L", sids]`` locks given back
-#    after an op raised. A header line gives the session's options (policy, banishing depth) and the trace's format.
+#    after an op raised; ``["S"]`` an iteration ended (an optimizer step: NOTE [ Iteration plans ] in core/plan.py).
+#    A header line gives the session's options (policy, banishing depth) and the trace's format.
 # 2. While tracing, the kernel asks the core ahead of every managed op (front.cpp, ``g_trace``): each op's
 #    reservation (its predicted output bytes) is in the trace, and every death is told at the earliest point the
 #    kernel can tell it. A live session under a budget tells the core less often (NOTE [ Native front end ] 10):
@@ -58,7 +59,7 @@ from .replay import THRASH_AT, Outcome, _Thrash, budget_for, outcome
 #    ``MARGIN`` in a learned budget.
 
 FORMAT = "torch-dtr trace 1"
-_FIELDS = {"B": 9, "R": 12, "Q": 2, "D": 2, "K": 2, "W": 3, "P": 2, "L": 2}  # each row kind's length (rule 1)
+_FIELDS = {"B": 9, "R": 12, "Q": 2, "D": 2, "K": 2, "W": 3, "P": 2, "L": 2, "S": 1}  # each row kind's length (rule 1)
 
 
 class TraceError(ValueError):
@@ -133,6 +134,9 @@ class Writer:
     def released(self, held: Iterable[Storage]) -> None:
         self.line(["L", _sids(held)])
 
+    def boundary(self) -> None:
+        self.line(["S"])
+
 
 def _sids(storages: Iterable[Storage] | None) -> list[int]:
     return [s.sid for s in storages] if storages else []
@@ -182,7 +186,7 @@ def read_trace(path: str | Path) -> Trace:
             if not (isinstance(row, list) and row and isinstance(row[0], str) and row[0] in _FIELDS
                     and len(row) == _FIELDS[row[0]]):
                 raise TraceError(f"torch_dtr: {p}:{n}: expected a row [kind, ...] with kind one of {sorted(_FIELDS)} "
-                                 f"and its fields (B: 9, R: 12, W: 3, the others 2), got {line.strip()[:120]!r}")
+                                 f"and its fields (B: 9, R: 12, W: 3, S: 1, the others 2), got {line.strip()[:120]!r}")
             if row[0] == "R" and (isinstance(row[2], bool) or not isinstance(row[2], (int, float))
                                   or not 0 <= row[2] < float("inf")):
                 raise TraceError(f"torch_dtr: {p}:{n}: an op's cost (field 3) must be a number of seconds >= 0, got "
@@ -284,6 +288,8 @@ class TraceReplay:
                 if not s.resident:
                     rt.rematerialize(s)
                 rt.pin(s)
+        elif kind == "S":
+            rt.boundary()
         elif kind == "L":
             held, self.held = self.held, None
             if held is not None:

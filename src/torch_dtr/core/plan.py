@@ -1,0 +1,166 @@
+"""Plans from traced iterations (MegTaiChi's observation): training repeats itself, so the last whole iteration
+says when each value of the next one will be read.
+
+# NOTE [ Iteration plans ]
+#
+# 1. Iterations: the driver calls ``Runtime.boundary()`` where one ends (the front ends: after each optimizer step;
+#    the simulator: between the passes of a log replayed several times). Between two boundaries the runtime records
+#    what the program ran (``Iterations``): per op, a key (its name and, for each input, which output of this
+#    iteration it is, or -1 for anything older: constants, parameters, values kept from before) and the op cost
+#    summed so far; per output, its bytes and the positions of the ops that read it. Recomputations are not the
+#    program's reads and are not recorded. Nothing else is kept: the record is a few lists of ints.
+# 2. The plan: at a boundary the iteration just recorded becomes the plan of the next (``Plan``), which then follows
+#    it while the program matches it: op by op the key and every output's bytes must be the plan's. At the first
+#    difference (another branch, shape or routing, more or fewer ops) the rest of the iteration runs on the dynamic
+#    policy alone; ``Stats.diverged`` counts those iterations and ``Stats.planned`` the ones followed to the end.
+# 3. What following means: the eviction search scores a candidate made in this iteration by the time until the
+#    plan's next read of it instead of the time since its last read: h_DTR's (cost + neighbourhood) / (bytes x
+#    staleness) with staleness replaced by that distance (Belady's furthest-next-use rule, weighed by what bringing
+#    the value back costs). The distance is measured in the plan's summed op costs, from the op about to run. A
+#    value the plan does not read again in this iteration is a full iteration away beyond its end. Candidates from
+#    before this iteration keep their staleness. Every other rule (locks, pins, an unheld rematerialization's next
+#    reads kept last, the host tier) is unchanged; the plan only reorders the candidates.
+# 4. Deterministic: the plan is what was recorded, the keys are compared for equality only, and every choice
+#    depends on the same state as before; a trace replayed with the same boundaries makes the same choices.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+
+from .records import Storage
+
+
+class Plan:
+    """One recorded iteration (NOTE [ Iteration plans ] 1): the program's op keys, the summed op cost after each op,
+    and per output (in the order made) its bytes and the positions of the ops that read it."""
+
+    __slots__ = ("keys", "times", "sizes", "uses", "total")
+
+    def __init__(self, keys: list[int], times: list[float], sizes: list[int], uses: list[list[int]]) -> None:
+        self.keys = keys
+        self.times = times
+        self.sizes = sizes
+        self.uses = uses
+        self.total = times[-1] if times else 0.0
+
+
+class Iterations:
+    """Records the iteration running now and follows the last whole one's plan (NOTE [ Iteration plans ])."""
+
+    __slots__ = ("base", "next_tag", "pos", "elapsed", "keys", "times", "sizes", "uses", "plan", "following",
+                 "steer", "boundaries", "planned", "diverged", "divergence", "spent", "tried")
+
+    def __init__(self) -> None:
+        self.base = 0  # tags >= base were made in this iteration (tag - base: their index)
+        self.next_tag = 0
+        self.pos = 0  # ops the program ran in this iteration
+        self.elapsed = 0.0  # their summed cost
+        self.keys: list[int] = []
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+        self.uses: list[list[int]] = []
+        self.plan: Plan | None = None
+        self.following = False  # this iteration matches its plan so far (rule 2)
+        self.steer = False  # ... and the plan steers the eviction search (rule 5)
+        self.boundaries = 0
+        self.planned = 0  # iterations followed to their end
+        self.diverged = 0  # iterations that left their plan (rule 2)
+        self.divergence = ""  # where the last one left it
+        self.spent = 0.0  # the driver's recomputation and copy cost at this iteration's start
+        self.tried: dict[bool, float] = {}  # rule 5: steered or not -> that iteration's recomputation and copy cost
+
+    def ran(self, inputs: Sequence[Storage], cost: float, name: str) -> None:
+        """The program ran an op reading ``inputs`` (distinct): record it, and check it against the plan."""
+        base = self.base
+        pos = self.pos
+        key = hash(name)
+        uses = self.uses
+        for s in inputs:
+            t = s.tag
+            if t >= base:
+                i = t - base
+                uses[i].append(pos)
+                key = (key * 1000003 + i) & 0xFFFFFFFFFFFF
+            else:
+                key = (key * 1000003 - 1) & 0xFFFFFFFFFFFF
+        self.keys.append(key)
+        self.elapsed += cost
+        self.times.append(self.elapsed)
+        self.pos = pos + 1
+        if self.following:
+            plan = self.plan
+            assert plan is not None
+            if pos >= len(plan.keys) or plan.keys[pos] != key:
+                self._diverge(f"op {pos} ({name}) is not the plan's")
+
+    def made(self, s: Storage) -> None:
+        """``s`` is a new storage of this iteration: tag it, and check its bytes against the plan."""
+        i = self.next_tag - self.base
+        s.tag = self.next_tag
+        self.next_tag += 1
+        self.sizes.append(s.nbytes)
+        self.uses.append([])
+        if self.following:
+            plan = self.plan
+            assert plan is not None
+            if i >= len(plan.sizes) or plan.sizes[i] != s.nbytes:
+                self._diverge(f"output {i} ({s.nbytes} B) is not the plan's")
+
+    def _diverge(self, where: str) -> None:
+        self.following = self.steer = False
+        self.diverged += 1
+        self.divergence = where
+        self.tried.clear()
+
+    def boundary(self, live: Iterable[Storage], spent: float) -> None:
+        """An iteration ended: it becomes the plan of the next (rule 2). Two boundaries with no op between them
+        keep the plan. ``live``: the storages not released; those of this iteration with handles are read at its
+        end (rule 3). ``spent``: the driver's recomputation and copy cost so far (rule 5)."""
+        base, pos, uses = self.base, self.pos, self.uses
+        for s in live:
+            if s.tag >= base and s.refs:
+                uses[s.tag - base].append(pos)
+        self.boundaries += 1
+        if self.following:
+            plan = self.plan
+            assert plan is not None
+            if self.pos == len(plan.keys) and len(self.sizes) == len(plan.sizes):
+                self.planned += self.steer
+                self.tried[self.steer] = spent - self.spent
+            else:
+                self._diverge(f"the iteration ran {self.pos} ops, the plan {len(plan.keys)}")
+        self.spent = spent
+        if self.pos:
+            self.plan = Plan(self.keys, self.times, self.sizes, self.uses)
+            self.keys, self.times, self.sizes, self.uses = [], [], [], []
+        self.base = self.next_tag
+        self.pos = 0
+        self.elapsed = 0.0
+        self.following = self.plan is not None
+        tried = self.tried
+        # rule 5: the plan first, then one without it; from then on the one that cost less (a tie: without)
+        self.steer = self.following and (True not in tried or (False in tried and tried[True] < tried[False]))
+
+    def distance(self, s: Storage, stale: float) -> float:
+        """How far ahead the plan reads ``s`` next, in summed op cost (rule 3); ``stale`` for a storage from
+        before this iteration. Only while following."""
+        i = s.tag - self.base
+        plan = self.plan
+        assert plan is not None
+        pos = self.pos
+        times = plan.times
+        now = times[pos - 1] if pos > 0 else 0.0
+        end = plan.total
+        if i < 0 or i >= len(plan.uses):
+            return stale
+        us = plan.uses[i]
+        q = bisect_left(us, pos)
+        if q < len(us):
+            u = us[q]
+            d = (times[u] if u < len(times) else end) - now
+        else:
+            d = 2.0 * end - now
+        return math.sqrt(d * stale) if stale > 0.0 else d
