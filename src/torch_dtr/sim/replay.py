@@ -90,6 +90,7 @@ class Outcome:
     swap_gbps: float | None = None
     planned: int = 0  # iterations that followed their plan to the end (rule 9; NOTE [ Iteration plans ])
     diverged: int = 0  # iterations that left it
+    per_iteration: tuple[float, ...] = ()  # with iterations > 1: each whole iteration's overhead (its op time's)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +111,7 @@ class Replay:
         self.base_ns = log.op_time_ns() * iterations
         self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
         self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
+        self.spent: list[float] = []  # each whole pass's recomputation and copy cost (rule 9)
         self.k = 0  # index of the instruction being replayed (listeners of "op" events read it)
         if self.thrash_ns is not None:
             limit = self.thrash_ns
@@ -197,12 +199,15 @@ class Replay:
     def run(self) -> None:
         """Replay the measured iteration (``iterations`` times, rule 9); raises ``BudgetError`` (oom) or ``_Thrash``."""
         constants = {ins.name for ins in self.log.instrs if type(ins) is Constant}
+        rt = self.rt
         for i in range(self.iterations):
             if i:
                 for name in [n for n in self.names if n not in constants]:
-                    self.rt.drop_ref(self.names.pop(name))
+                    rt.drop_ref(self.names.pop(name))
+            spent = rt.remat_cost + rt.swap_cost
             self._pass()
-            self.rt.boundary()
+            self.spent.append(rt.remat_cost + rt.swap_cost - spent)
+            rt.boundary()
 
     def _pass(self) -> None:
         rt, names = self.rt, self.names
@@ -297,6 +302,8 @@ def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int 
         status = "thrash"
     wall = time.perf_counter() - t0
     base = base or 1
+    spent = getattr(rp, "spent", ())
+    one = base / max(1, getattr(rp, "iterations", 1))
     return Outcome(
         policy=rt.policy.name, ratio=ratio, budget=budget, status=status,
         overhead=(base + rt.remat_cost + rt.swap_cost) / base, evictions=rt.evictions, drops=rt.drops,
@@ -304,4 +311,5 @@ def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int 
         wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
         swaps_out=rt.tier.outs if rt.tier else 0, swaps_in=rt.tier.ins if rt.tier else 0, swap_gbps=swap_gbps,
         planned=rt.iterations.planned, diverged=rt.iterations.diverged,
+        per_iteration=tuple((one + c) / one for c in spent) if len(spent) > 1 else (),
     )
