@@ -86,7 +86,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
            banish_depth: int | None = None, device: Any = None, swap: bool | str = False,
            host_budget: int | str | None = None, swap_gbps: float | None = None,
            expandable_segments: bool | None = None, grads_in_place: bool = True, trace: str | os.PathLike | None = None,
-           learn: bool = True, **python_options: Any) -> Session:
+           learn: bool = True, plans: bool = True, **python_options: Any) -> Session:
     """Manage every op of this thread from here on: keep memory within ``budget`` (bytes or ``"3GiB"``) by evicting
     and recomputing. Returns the session (a context manager: ``with torch_dtr.enable(...):``).
 
@@ -104,7 +104,9 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     ``trace``: write every call into the core to this file (the compiled front end), for ``torch-dtr simulate`` to
     replay at other budgets (NOTE [ Traces ]). ``learn``: trace the first two optimizer steps in memory (a program
     without an optimizer: all it runs, up to 100k ops), so that ``stats().learned_budget`` and a BudgetError name a
-    budget for what was traced (the compiled front end without a device; NOTE [ Learned budgets ])."""
+    budget for what was traced (the compiled front end without a device; NOTE [ Learned budgets ]). ``plans``: each
+    optimizer step ends an iteration whose record the next one follows (NOTE [ Iteration plans ]); False: every
+    iteration is decided afresh."""
     global _CURRENT, _LAST
     front = _front_of(front)
     if expandable_segments not in (None, True, False):
@@ -114,7 +116,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     if unknown:
         raise TypeError(f"torch_dtr.enable() got unexpected keyword argument(s) {unknown}; its options: budget, "
                         f"front, policy, banish_depth, device, swap, host_budget, swap_gbps, expandable_segments, "
-                        f"grads_in_place, trace, learn, and the Python front end's {sorted(_PYTHON_ONLY)}")
+                        f"grads_in_place, trace, learn, plans, and the Python front end's {sorted(_PYTHON_ONLY)}")
     python_asked = [f"{k}={v!r}" for k, v in python_options.items() if v != _PYTHON_ONLY[k]]
     if front == "native" and python_asked:
         raise ValueError(f"torch_dtr: {', '.join(python_asked)} needs the Python front end, and front='native' was "
@@ -132,6 +134,9 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
         eager.enable(budget, policy=policy, banish_depth=banish_depth, device=device, swap=swap,
                      host_budget=host_budget, swap_gbps=swap_gbps, expandable_segments=expandable_segments,
                      **python_options)
+        from .eager import front as eager_front
+
+        eager_front._ACTIVE.rt.plans = plans  # type: ignore[union-attr]
         s = Session("python")
     else:
         h = native.enable(budget, policy=policy, banish_depth=banish_depth, swap=swap, host_budget=host_budget,
@@ -140,6 +145,7 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
         # a BudgetError names these calls, not torch_dtr.native's, and how to find a budget for a whole step where
         # the session does not learn it (NOTE [ Learned budgets ])
         h.rt.fix = FIX + ("" if h.learner is not None else _WHOLE_STEP)
+        h.rt.plans = plans
         s = Session("native", h)
         try:
             s.expandable_was = _expandable(h.dev, expandable_segments)

@@ -115,3 +115,36 @@ def test_in_the_steady_state_the_rule_kept_costs_no_more_than_the_dynamic_policy
     else:
         assert planned == dynamic
         assert d.rt.stats().planned == 1  # the second only: no better than without it
+
+
+def test_nothing_is_recorded_without_a_budget_and_a_budget_set_later_plans_from_the_next_boundary() -> None:
+    d = Driver(None, "dtr_comp")
+    c = d.const(8, 1)
+    _iteration(d, c, 8)
+    assert d.rt.iterations.pos == 0  # rule 6: nothing recorded
+    d.rt.boundary()
+    d.rt.set_budget(8 + 4 * 8)
+    _iteration(d, c, 8)  # not recorded either: the budget came during the iteration's stretch
+    d.rt.boundary()
+    for _ in range(2):
+        _iteration(d, c, 8)
+        d.rt.boundary()
+    st = d.rt.stats()
+    assert (st.iterations, st.planned, st.diverged) == (4, 1, 0)  # the fourth follows the third's plan
+    d.rt.set_budget(None)
+    assert not d.rt.iterations.recording
+    full_check(d.rt)
+
+
+def test_an_iteration_longer_than_the_limit_stops_recording_and_leaves_no_plan() -> None:
+    from torch_dtr.core.plan import LIMIT, Iterations
+    from torch_dtr.core.records import Storage
+
+    it = Iterations()
+    s = Storage(0, 8, None, None, False)
+    it.made(s)
+    for _ in range(LIMIT + 1):
+        it.ran([s], 1.0, "op")
+    assert not it.recording and it.keys == [] and it.uses == []  # rule 6: the record does not grow on
+    it.boundary([], 0.0)
+    assert it.plan is None and not it.following and it.recording

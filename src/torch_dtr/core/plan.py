@@ -32,6 +32,10 @@ says when each value of the next one will be read.
 #    less in recomputations and copies (the runtime's modelled cost) is used, a tie going to the dynamic policy.
 #    A divergence starts the comparison again. So a repeated iteration costs, after its first three, no more than
 #    what the dynamic policy measured, where iterations cost alike from one to the next.
+# 6. Cost: recording adds about 0.5 us per op (two list appends per op and per output, on a 2-core CPU), so it runs
+#    only under a budget (a budget set later starts at the next boundary), and stops for the rest of an iteration
+#    past ``LIMIT`` ops (a program without optimizer steps: inference, ``generate()``), so that its record never
+#    grows without bound; such a stretch leaves no plan.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
 from .records import Storage
+
+LIMIT = 100_000  # ops recorded between two boundaries at most (rule 6)
 
 
 class Plan:
@@ -61,9 +67,10 @@ class Iterations:
     """Records the iteration running now and follows the last whole one's plan (NOTE [ Iteration plans ])."""
 
     __slots__ = ("base", "next_tag", "pos", "elapsed", "keys", "times", "sizes", "uses", "plan", "following",
-                 "steer", "boundaries", "planned", "diverged", "divergence", "spent", "tried")
+                 "steer", "boundaries", "planned", "diverged", "divergence", "spent", "tried", "recording")
 
-    def __init__(self) -> None:
+    def __init__(self, recording: bool = True) -> None:
+        self.recording = recording  # rule 6: only under a budget, and at most ``LIMIT`` ops per iteration
         self.base = 0  # tags >= base were made in this iteration (tag - base: their index)
         self.next_tag = 0
         self.pos = 0  # ops the program ran in this iteration
@@ -86,6 +93,9 @@ class Iterations:
         """The program ran an op reading ``inputs`` (distinct): record it, and check it against the plan."""
         base = self.base
         pos = self.pos
+        if pos >= LIMIT:  # rule 6: no boundary in sight
+            self.stop()
+            return
         key = hash(name)
         uses = self.uses
         for s in inputs:
@@ -119,16 +129,23 @@ class Iterations:
             if i >= len(plan.sizes) or plan.sizes[i] != s.nbytes:
                 self._diverge(f"output {i} ({s.nbytes} B) is not the plan's")
 
+    def stop(self) -> None:
+        """Record nothing until the next boundary (rule 6)."""
+        self.recording = self.following = self.steer = False
+        self.keys, self.times, self.sizes, self.uses = [], [], [], []
+        self.pos = 0
+
     def _diverge(self, where: str) -> None:
         self.following = self.steer = False
         self.diverged += 1
         self.divergence = where
         self.tried.clear()
 
-    def boundary(self, live: Iterable[Storage], spent: float) -> None:
+    def boundary(self, live: Iterable[Storage], spent: float, record: bool = True) -> None:
         """An iteration ended: it becomes the plan of the next (rule 2). Two boundaries with no op between them
         keep the plan. ``live``: the storages not released; those of this iteration with handles are read at its
-        end (rule 3). ``spent``: the driver's recomputation and copy cost so far (rule 5)."""
+        end (rule 3). ``spent``: the driver's recomputation and copy cost so far (rule 5). ``record``: whether to
+        record the next iteration (rule 6)."""
         base, pos, uses = self.base, self.pos, self.uses
         for s in live:
             if s.tag >= base and s.refs:
@@ -143,13 +160,17 @@ class Iterations:
             else:
                 self._diverge(f"the iteration ran {self.pos} ops, the plan {len(plan.keys)}")
         self.spent = spent
-        if self.pos:
+        if not self.recording:  # what ran since the last boundary was not recorded (rule 6): no plan for it
+            self.plan = None
+            self.tried.clear()
+        elif self.pos:
             self.plan = Plan(self.keys, self.times, self.sizes, self.uses)
             self.keys, self.times, self.sizes, self.uses = [], [], [], []
+        self.recording = record
         self.base = self.next_tag
         self.pos = 0
         self.elapsed = 0.0
-        self.following = self.plan is not None
+        self.following = record and self.plan is not None
         tried = self.tried
         # rule 5: the plan first, then one without it; from then on the one that cost less (a tie: without)
         self.steer = self.following and (True not in tried or (False in tried and tried[True] < tried[False]))

@@ -416,7 +416,8 @@ class Runtime:
         # block it can use), evicted before the policy's when the budget needs room (NOTE [ Layout-aware
         # eviction ] in eager/device.py)
         self.layout: Callable[[int], Sequence[Storage]] | None = None
-        self.iterations = Iterations()  # NOTE [ Iteration plans ] (plan.py); ``plans=False``: boundaries ignored
+        # NOTE [ Iteration plans ] (plan.py): recorded under a budget only; ``plans=False``: boundaries ignored
+        self.iterations = Iterations(budget is not None)
         self.plans = plans
 
     # ------------------------------------------------------------------ observers
@@ -500,14 +501,16 @@ class Runtime:
                     need += s.nbytes
                 s.deps += 1
                 s.children.append(op)
-            self.iterations.ran(op.inputs, cost, name)
+            if self.iterations.recording:
+                self.iterations.ran(op.inputs, cost, name)
         else:
             distinct = inputs if len(inputs) < 2 else list(dict.fromkeys(inputs))
             for s in distinct:
                 s.last_access = now
                 if not s.pinned or (s.moves if tier else s.banished):
                     need += s.nbytes
-            self.iterations.ran(distinct, cost, name)
+            if self.iterations.recording:
+                self.iterations.ran(distinct, cost, name)
         self._need, self._need_op = need, name
         if need > self.floor:
             self.floor, self.floor_op = need, name
@@ -527,7 +530,8 @@ class Runtime:
         self.next_sid += 1
         s.last_access = self.clock
         if op is not None:
-            self.iterations.made(s)
+            if self.iterations.recording:
+                self.iterations.made(s)
             op.outputs.append(s)
             op.live += 1
         self.live[s] = None
@@ -546,7 +550,7 @@ class Runtime:
         """An iteration of the program ended (an optimizer step): it becomes the plan the next one follows while
         it matches (NOTE [ Iteration plans ] in plan.py)."""
         if self.plans:
-            self.iterations.boundary(self.live, self.remat_cost + self.swap_cost)
+            self.iterations.boundary(self.live, self.remat_cost + self.swap_cost, self.budget is not None)
 
     def set_cost(self, op: Op, cost: float) -> None:
         """Replace ``op``'s cost by a better measurement (CUDA events), unless the old one is already summed
@@ -896,6 +900,8 @@ class Runtime:
         except BaseException:
             self.budget = old
             raise
+        if budget is None:  # nothing to plan for (NOTE [ Iteration plans ] 6)
+            self.iterations.stop()
         if self.peak_limit is not None:
             self.peak_limit = None if budget is None else max(self.peak_limit, budget)
 
