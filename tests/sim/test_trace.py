@@ -52,6 +52,36 @@ def test_a_traced_iteration_replays_to_the_live_sessions_decisions_at_every_budg
     assert any(s[0] == "ok" and s[1] > 0 for s in seen), f"no budget evicted and trained: {seen}"
 
 
+@pytest.mark.parametrize("make", [gpt2, lstm_cells])
+def test_traced_steps_replay_to_the_live_sessions_decisions_with_iteration_plans(tmp_path, make):
+    # four optimizer steps: the trace's ["S"] rows are the boundaries the live session's steps make, so the replay's
+    # plans (NOTE [ Iteration plans ]) are the live session's, and so are its decisions
+    path = tmp_path / "steps.trace"
+    step = fresh(make)
+    with torch_dtr.enable(budget=None, trace=path):
+        for _ in range(4):
+            step()
+    trace = read_trace(path)
+    assert sum(row[0] == "S" for row in trace.rows) == 4
+    peak = trace_peak(trace)
+    for ratio in (0.45, 0.6, 0.75):
+        budget = int(ratio * peak)
+        o = simulate_trace(trace, budget=budget, thrash_at=None)
+        step = fresh(make)
+        try:
+            with torch_dtr.enable(budget=budget):
+                for _ in range(4):
+                    step()
+                st = torch_dtr.stats()
+            live = ("ok", st.evictions, st.rematerializations, st.planned, st.diverged)
+        except torch_dtr.BudgetError:
+            live = ("oom",)
+        replayed = (("ok", o.evictions, o.rematerializations, o.planned, o.diverged) if o.status == "ok"
+                    else (o.status,))
+        assert replayed == live, f"ratio {ratio}: replay {replayed}, live {live}"
+        assert live[0] == "oom" or live[3] >= 1
+
+
 def test_bad_traces_and_options_are_refused_clearly(tmp_path):
     not_a_trace = tmp_path / "x.log"
     not_a_trace.write_text('{"INSTRUCTION": "CALL"}\n')
