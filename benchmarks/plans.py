@@ -112,6 +112,45 @@ def against_ilp(tmp: Path, n: int, lines: list[str]) -> None:
     lines.append("")
 
 
+def traced(tmp: Path, n: int, lines: list[str], quick: bool) -> list[tuple[float, float]]:
+    """The bench's three workloads (``torch-dtr bench``'s sizes) traced live for ``n`` optimizer steps by the compiled
+    front end (NOTE [ Traces ]; the trace's ``["S"]`` rows are the steps), replayed at each ratio with and without
+    plans: the replay makes the live session's decisions (tests/sim/test_trace.py)."""
+    import torch_dtr
+    from torch_dtr.bench import workloads
+    from torch_dtr.sim.trace import read_trace, simulate_trace, trace_peak
+
+    points = []
+    lines += [f"## The bench's workloads, traced live ({n} optimizer steps)", "",
+              "Logs of these three run out of memory at every ratio in the log format (their optimizer state counts "
+              "as constants there: docs/policy_grid.md), so each is traced live instead, without a budget, "
+              f"{'quick' if quick else 'full'} size as `torch-dtr bench` runs it, and the trace replayed: the "
+              "replay's decisions are the live session's at that budget. Cells: the last step's overhead without / "
+              "with plans (steps that followed their plan; the LSTM loop draws another sequence length every step, "
+              "so no step repeats the one before).", "",
+              "| workload | ratio: without / with plans (planned steps) |", "| --- | --- |"]
+    for name in tqdm(("gpt2", "resnet50", "lstm"), desc="tracing the bench's workloads", file=sys.stderr):
+        size = workloads.SIZES[name]["quick" if quick else "full"]
+        model, batches, step = workloads.build(name, size, steps=n)
+        path = tmp / f"{name}.trace"
+        with torch_dtr.enable(budget=None, trace=path):
+            for b in batches:
+                step(model, b)
+        trace = read_trace(path)
+        peak = trace_peak(trace)
+        cells = []
+        for r in (0.3, 0.4, 0.5, 0.7):
+            kw = dict(ratio=r, peak=peak, thrash_at=THRASH_AT)
+            dyn, pl = simulate_trace(trace, plans=False, **kw), simulate_trace(trace, **kw)
+            if dyn.status == pl.status == "ok":
+                points.append((dyn.per_iteration[-1], pl.per_iteration[-1]))
+            mark = {"better": "**", "worse": "_", "same": ""}[_compare(_value(pl, True), _value(dyn, True))]
+            cells.append(f"{r}: {_cell(dyn, True)} / {mark}{_cell(pl, True)}{mark} ({pl.planned})")
+        lines.append(f"| {name} | {'; '.join(cells)} |")
+    lines.append("")
+    return points
+
+
 def plot(points: list[tuple[float, float]], out: Path) -> None:
     import matplotlib
 
@@ -138,6 +177,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs"))
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--logs", help="keep the recorded logs in this folder (default: a temporary one)")
+    ap.add_argument("--quick", action="store_true", help="the bench's workloads at their quick size")
     a = ap.parse_args()
     if a.iterations < 4:
         ap.error(f"--iterations must be >= 4 (one recorded, the plan, one without it, then the cheaper), "
@@ -162,6 +202,7 @@ def main() -> int:
         if SHARED.is_dir():
             paths += sorted(SHARED.glob("*.log"))
         points = grid(paths, a.iterations, lines)
+        points += traced(folder, a.iterations, lines, a.quick)
         against_ilp(folder, a.iterations, lines)
     plot(points, out / "img" / "plans.png")
     lines.append(f"Total time of this script: {time.perf_counter() - t0:.0f} s.")

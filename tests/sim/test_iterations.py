@@ -54,6 +54,9 @@ def test_planned_iterations_cost_no_more_than_the_dynamic_policy(ratio: float) -
     # six iterations: one recorded, the plan, one without it, then the better one (here the plan: 1.227 against
     # 1.290 at 0.6, 1.121 against 1.131 at 0.7 over the six)
     assert planned.overhead <= dynamic.overhead
+    assert len(planned.per_iteration) == len(dynamic.per_iteration) == 6
+    assert planned.per_iteration[0] == dynamic.per_iteration[0]  # the first iteration has no plan
+    assert planned.per_iteration[-1] <= dynamic.per_iteration[-1]
     if ratio < 0.9:
         assert planned.overhead < dynamic.overhead and planned.planned == 4
 

@@ -111,7 +111,7 @@ class Replay:
         self.base_ns = log.op_time_ns() * iterations
         self.thrash_ns = None if thrash_at is None else (thrash_at - 1.0) * self.base_ns
         self.names: dict[str, Storage] = {}  # name -> the storage its tensor lives on
-        self.spent: list[float] = []  # each whole pass's recomputation and copy cost (rule 9)
+        self.spent: list[tuple[float, float]] = []  # each whole pass's op cost and recomputation and copy cost (9)
         self.k = 0  # index of the instruction being replayed (listeners of "op" events read it)
         if self.thrash_ns is not None:
             limit = self.thrash_ns
@@ -206,7 +206,7 @@ class Replay:
                     rt.drop_ref(self.names.pop(name))
             spent = rt.remat_cost + rt.swap_cost
             self._pass()
-            self.spent.append(rt.remat_cost + rt.swap_cost - spent)
+            self.spent.append((self.base_ns / self.iterations, rt.remat_cost + rt.swap_cost - spent))
             rt.boundary()
 
     def _pass(self) -> None:
@@ -302,8 +302,7 @@ def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int 
         status = "thrash"
     wall = time.perf_counter() - t0
     base = base or 1
-    spent = getattr(rp, "spent", ())
-    one = base / max(1, getattr(rp, "iterations", 1))
+    spent = getattr(rp, "spent", ())  # per iteration: (op cost, recomputation and copy cost)
     return Outcome(
         policy=rt.policy.name, ratio=ratio, budget=budget, status=status,
         overhead=(base + rt.remat_cost + rt.swap_cost) / base, evictions=rt.evictions, drops=rt.drops,
@@ -311,5 +310,5 @@ def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int 
         wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
         swaps_out=rt.tier.outs if rt.tier else 0, swaps_in=rt.tier.ins if rt.tier else 0, swap_gbps=swap_gbps,
         planned=rt.iterations.planned, diverged=rt.iterations.diverged,
-        per_iteration=tuple((one + c) / one for c in spent) if len(spent) > 1 else (),
+        per_iteration=tuple((one + c) / one for one, c in spent if one > 0) if len(spent) > 1 else (),
     )

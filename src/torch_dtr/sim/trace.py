@@ -220,6 +220,9 @@ class TraceReplay:
         self.consts: dict[int, int] = {}  # a constant's key -> bytes counted (as native Session.consts)
         self.base = trace.op_cost()
         self.held: Any = None
+        # per iteration (``["S"]`` rows): its ops' cost and its recomputation and copy cost (Outcome.per_iteration)
+        self.spent: list[tuple[float, float]] = []
+        self.cost = self.mark = 0.0
         if thrash_at is not None:
             limit = (thrash_at - 1.0) * self.base
 
@@ -289,6 +292,9 @@ class TraceReplay:
                     rt.rematerialize(s)
                 rt.pin(s)
         elif kind == "S":
+            spent = rt.remat_cost + rt.swap_cost
+            self.spent.append((self.cost, spent - self.mark))
+            self.cost, self.mark = 0.0, spent
             rt.boundary()
         elif kind == "L":
             held, self.held = self.held, None
@@ -297,6 +303,7 @@ class TraceReplay:
 
     def _ran(self, row: list[Any]) -> None:
         _, name, cost, ins, nbytes, recipe, read, wrote, dead, plain, views, outs = row
+        self.cost += cost
         held, self.held = self.held, None
         w = None
         old: Storage | None = None
