@@ -31,7 +31,10 @@ says when each value of the next one will be read.
 #    next iteration follows the plan; the one after runs without it; from then on the one whose last iteration cost
 #    less in recomputations and copies (the runtime's modelled cost) is used, a tie going to the dynamic policy.
 #    A divergence starts the comparison again. So a repeated iteration costs, after its first three, no more than
-#    what the dynamic policy measured, where iterations cost alike from one to the next.
+#    what the dynamic policy measured, where iterations cost alike from one to the next. Trying the distance alone
+#    as a third rule (benchmarks/plans.py, 2026-11-29) made the last iteration cheaper in 82 cells instead of 67,
+#    but its trial iteration ran out of memory on the MoE at 0.5 where the dynamic policy trains: a trial can fail
+#    where neither kept rule would, so the riskier rule is not tried.
 # 6. Cost: recording adds about 0.5 us per op (two list appends per op and per output, on a 2-core CPU), so it runs
 #    only under a budget (a budget set later starts at the next boundary), and stops for the rest of an iteration
 #    past ``LIMIT`` ops (a program without optimizer steps: inference, ``generate()``), so that its record never
@@ -47,6 +50,11 @@ from collections.abc import Iterable, Sequence
 from .records import Storage
 
 LIMIT = 100_000  # ops recorded between two boundaries at most (rule 6)
+# the rules an iteration may run by (rule 5): the dynamic policy alone, the plan (rule 3); tried in RULES' order,
+# ties broken in ORDER's
+NONE, MEAN = 0, 1
+RULES = (MEAN, NONE)
+ORDER = (NONE, MEAN)
 
 
 class Plan:
@@ -67,7 +75,7 @@ class Iterations:
     """Records the iteration running now and follows the last whole one's plan (NOTE [ Iteration plans ])."""
 
     __slots__ = ("base", "next_tag", "pos", "elapsed", "keys", "times", "sizes", "uses", "plan", "following",
-                 "steer", "boundaries", "planned", "diverged", "divergence", "spent", "tried", "recording")
+                 "steer", "rule", "boundaries", "planned", "diverged", "divergence", "spent", "tried", "recording")
 
     def __init__(self, recording: bool = True) -> None:
         self.recording = recording  # rule 6: only under a budget, and at most ``LIMIT`` ops per iteration
@@ -82,12 +90,13 @@ class Iterations:
         self.plan: Plan | None = None
         self.following = False  # this iteration matches its plan so far (rule 2)
         self.steer = False  # ... and the plan steers the eviction search (rule 5)
+        self.rule = NONE  # which score the plan steers with (rule 5)
         self.boundaries = 0
         self.planned = 0  # iterations followed to their end
         self.diverged = 0  # iterations that left their plan (rule 2)
         self.divergence = ""  # where the last one left it
         self.spent = 0.0  # the driver's recomputation and copy cost at this iteration's start
-        self.tried: dict[bool, float] = {}  # rule 5: steered or not -> that iteration's recomputation and copy cost
+        self.tried: dict[int, float] = {}  # rule 5: a rule -> its last whole iteration's recomputation and copy cost
 
     def ran(self, inputs: Sequence[Storage], cost: float, name: str) -> None:
         """The program ran an op reading ``inputs`` (distinct): record it, and check it against the plan."""
@@ -155,8 +164,8 @@ class Iterations:
             plan = self.plan
             assert plan is not None
             if self.pos == len(plan.keys) and len(self.sizes) == len(plan.sizes):
-                self.planned += self.steer
-                self.tried[self.steer] = spent - self.spent
+                self.planned += self.rule != NONE
+                self.tried[self.rule] = spent - self.spent
             else:
                 self._diverge(f"the iteration ran {self.pos} ops, the plan {len(plan.keys)}")
         self.spent = spent
@@ -172,8 +181,11 @@ class Iterations:
         self.elapsed = 0.0
         self.following = record and self.plan is not None
         tried = self.tried
-        # rule 5: the plan first, then one without it; from then on the one that cost less (a tie: without)
-        self.steer = self.following and (True not in tried or (False in tried and tried[True] < tried[False]))
+        # rule 5: each rule once, in ``RULES``' order, then the one whose last iteration cost least (a tie: the earlier
+        # in ``ORDER``)
+        untried = [r for r in RULES if r not in tried]
+        self.rule = untried[0] if untried else min(ORDER, key=lambda r: (tried[r], ORDER.index(r)))
+        self.steer = self.following and self.rule != NONE
 
     def distance(self, s: Storage, stale: float) -> float:
         """How far ahead the plan reads ``s`` next, in summed op cost (rule 3); ``stale`` for a storage from
