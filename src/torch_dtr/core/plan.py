@@ -18,10 +18,9 @@ says when each value of the next one will be read.
 #    read of it, in summed op cost from the op about to run (a value with handles at the iteration's end is read
 #    there; one the plan never reads again is a full iteration beyond the end). Candidates from before this iteration
 #    keep their staleness. Every other rule (locks, pins, an unheld rematerialization's next reads kept last, the
-#    host tier) is unchanged: the plan only reorders the candidates. Why the mean and not the distance alone
-#    (Belady's furthest-next-use rule): a value the plan reads far ahead but that was just brought back is often
-#    the input of the next recomputation, which the plan does not list (it records the program's reads, not the
-#    runtime's). Replaying 24 logs (benchmarks/plans.py) for two iterations at 0.2-0.9 of their peaks, the second
+#    host tier) is unchanged: the plan only reorders the candidates. The mean and not the distance alone (Belady's
+#    furthest-next-use rule) because it measured better; why is not established (a guess: the plan lists the
+#    program's reads, not those of the recomputations it will cause, which staleness partly sees). Replaying 24 logs (benchmarks/plans.py) for two iterations at 0.2-0.9 of their peaks, the second
 #    iteration against the dynamic policy's: the distance alone better in 59 cells and worse in 55, the mean better in
 #    55 and worse in 31. Weighing the distance by 0.35 or 0.7 instead of 0.5 (d^w x staleness^(1-w)): the last of six
 #    iterations better in 63 and 60 cells (0.7: worse in one) against the mean's 67.
