@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                         "parallel's per-device peak (default 0.5; seconds to minutes)")
     s.add_argument("--link-gbps", type=float, default=10.0,
                    help="with --devices: the bandwidth of the links between devices, GB/s (default 10)")
+    s.add_argument("--iterations", type=int, default=1,
+                   help="an operator log: replay it this many times as a training loop, each iteration following the "
+                        "last one's plan (NOTE [ Iteration plans ]; a trace replays the steps it holds)")
+    s.add_argument("--no-plans", action="store_true", help="decide every iteration afresh, without plans")
     s.add_argument("--smallest", action="store_true",
                    help="a trace: find the smallest budget at which the iteration trains (bisection over replays)")
     s.add_argument("--max-overhead", type=float, default=2.0,
@@ -190,8 +194,10 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
             return partition(args.log, args.devices, args.link_gbps, args.ratios, args.format)
         if not args.ilp_seconds > 0:
             p.error(f"--ilp-seconds must be > 0, got {args.ilp_seconds}")
+        if args.iterations < 1:
+            p.error(f"--iterations must be >= 1, got {args.iterations}")
         return simulate(args.log, args.policy, args.ratios, args.format, args.plot, args.baselines,
-                        args.swap_gbps, host, args.ilp_seconds)
+                        args.swap_gbps, host, args.ilp_seconds, args.iterations, not args.no_plans)
     if args.cmd == "record":
         import json
 

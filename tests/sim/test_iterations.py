@@ -64,3 +64,38 @@ def test_planned_iterations_cost_no_more_than_the_dynamic_policy(ratio: float) -
 def test_iterations_must_be_positive() -> None:
     with pytest.raises(ValueError, match="iterations must be >= 1"):
         replay.simulate(_training_log(), budget=10**9, iterations=0)
+
+
+def test_cli_replays_a_log_as_a_loop_with_and_without_plans(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from torch_dtr.sim import chains
+
+    path = tmp_path / "chain.log"
+    with path.open("w") as f:
+        w = log.Writer(f)
+        for ins in chains.linear_chain(40).instrs:
+            if type(ins) is log.Constant:
+                w.constant(ins.name, ins.nbytes)
+            elif type(ins) is C:
+                w.call(ins.name, ins.args, ins.results, ins.time_ns)
+            else:
+                w.release(ins.name)
+
+    def run(*extra: str):
+        p = subprocess.run([sys.executable, "-m", "torch_dtr.cli", "simulate", str(path), "--format", "json",
+                            "--ratios", "0.5", "--iterations", "4", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        (row,) = json.loads(p.stdout)
+        return row
+
+    planned, fresh = run(), run("--no-plans")
+    assert len(planned["per_iteration"]) == len(fresh["per_iteration"]) == 4
+    assert planned["planned"] >= 1 and fresh["planned"] == 0
+    assert planned["ops"] == fresh["ops"]
+    p = subprocess.run([sys.executable, "-m", "torch_dtr.cli", "simulate", str(path), "--iterations", "0"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2 and "--iterations must be >= 1, got 0" in p.stderr

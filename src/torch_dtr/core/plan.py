@@ -20,10 +20,11 @@ says when each value of the next one will be read.
 #    keep their staleness. Every other rule (locks, pins, an unheld rematerialization's next reads kept last, the
 #    host tier) is unchanged: the plan only reorders the candidates. The mean and not the distance alone (Belady's
 #    furthest-next-use rule) because it measured better; why is not established (a guess: the plan lists the
-#    program's reads, not those of the recomputations it will cause, which staleness partly sees). Replaying 24 logs (benchmarks/plans.py) for two iterations at 0.2-0.9 of their peaks, the second
-#    iteration against the dynamic policy's: the distance alone better in 59 cells and worse in 55, the mean better in
-#    55 and worse in 31. Weighing the distance by 0.35 or 0.7 instead of 0.5 (d^w x staleness^(1-w)): the last of six
-#    iterations better in 63 and 60 cells (0.7: worse in one) against the mean's 67.
+#    program's reads, not those of the recomputations it will cause, which staleness partly sees). Replaying 24
+#    logs (benchmarks/plans.py) for two iterations at 0.2-0.9 of their peaks, the second iteration against the
+#    dynamic policy's: the distance alone better in 59 cells and worse in 55, the mean better in 55 and worse in 31.
+#    Weighing the distance by 0.35 or 0.7 instead of 0.5 (d^w x staleness^(1-w)): the last of six iterations better
+#    in 63 and 60 cells (0.7: worse in one) against the mean's 67.
 # 4. Deterministic: the plan is what was recorded, the keys are compared for equality only, and every choice
 #    depends on the same state as before; a trace replayed with its boundaries (``["S"]`` rows) makes the same
 #    choices as the session that wrote it.

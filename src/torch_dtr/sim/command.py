@@ -193,8 +193,12 @@ def smallest(path: str, policies: Sequence[str] | None, max_overhead: float | No
 
 def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | None, fmt: str,
          plot_path: str | None, baselines: bool, swap_gbps: float | None = None, host_budget: int | None = None,
-         ilp_seconds: float = 10.0) -> int:
+         ilp_seconds: float = 10.0, iterations: int = 1, plans: bool = True) -> int:
     traced = is_trace(path)
+    if traced and iterations != 1:
+        print("torch-dtr simulate: --iterations replays an operator log as a loop; a trace replays the optimizer steps "
+              "it holds (trace several with torch_dtr.enable(trace=...)): drop --iterations", file=sys.stderr)
+        return 2
     if traced and (swap_gbps is not None or baselines):
         print("torch-dtr simulate: a trace replays without a host tier and without baselines for now (NOTE [ Traces ] "
               "4); drop --swap-gbps and --baselines, or record an operator log (torch-dtr record --kind log)",
@@ -203,7 +207,10 @@ def main(path: str, policies: Sequence[str] | None, ratios: Sequence[float] | No
     log: _log.Log | Trace = read_trace(path) if traced else _log.read(path)
     policies = list(policies or [DEFAULT_POLICY])
     ratios = list(ratios or DEFAULT_RATIOS)
-    swap = {} if swap_gbps is None else {"swap_gbps": swap_gbps, "host_budget": host_budget}
+    swap: dict[str, Any] = {} if swap_gbps is None else {"swap_gbps": swap_gbps, "host_budget": host_budget}
+    swap["plans"] = plans
+    if iterations != 1:
+        swap["iterations"] = iterations
     progress = fmt == "table" and sys.stderr.isatty()
     peak, outs = run_grid(log, policies, ratios, progress=progress, **swap)
     extra: list[Outcome] = []
