@@ -73,8 +73,8 @@ def grid(paths: list[Path], n: int, lines: list[str]) -> list[tuple[float, float
         f"out; `thrash`: the recomputations of all {n} iterations passed {THRASH_AT - 1:g}x their op time.", "",
         f"- Last iteration: with plans better in {last['better']} cells, worse in {last['worse']}, the same in "
         f"{last['same']} (of {sum(last.values())}).",
-        f"- Mean of iterations 2-{n} (the first runs without a plan; the second follows it, the third runs without "
-        f"it, then the cheaper rule: NOTE [ Iteration plans ] 5): better in {mean['better']}, worse in "
+        f"- Mean of iterations 2-{n} (the first runs without a plan and measures the dynamic policy; the second "
+        f"follows the plan, then the cheaper rule: NOTE [ Iteration plans ] 5): better in {mean['better']}, worse in "
         f"{mean['worse']}, the same in {mean['same']}.", "",
         "| log | ratio: without / with plans (planned iterations) |", "| --- | --- |", *rows, "",
         "![plans](img/plans.png)", ""]

@@ -28,11 +28,13 @@ says when each value of the next one will be read.
 # 4. Deterministic: the plan is what was recorded, the keys are compared for equality only, and every choice
 #    depends on the same state as before; a trace replayed with its boundaries (``["S"]`` rows) makes the same
 #    choices as the session that wrote it.
-# 5. Which rule: the plan is no better everywhere (point 3), so each program measures it. After a boundary the
-#    next iteration follows the plan; the one after runs without it; from then on the one whose last iteration cost
-#    less in recomputations and copies (the runtime's modelled cost) is used, a tie going to the dynamic policy.
-#    A divergence starts the comparison again. So a repeated iteration costs, after its first three, no more than
-#    what the dynamic policy measured, where iterations cost alike from one to the next. Trying the distance alone
+# 5. Which rule: the plan is no better everywhere (point 3), so each program measures it, by the recomputation and
+#    copy cost (the runtime's modelled cost) of whole iterations that matched the plan. An iteration in which no
+#    eviction was chosen by a plan (the first; one that left its plan before any) is what the dynamic policy costs
+#    on the plan it leaves; the next iteration follows the plan; from then on the rule whose last iteration cost
+#    less is used, a tie going to the dynamic policy. Where no such measurement exists (a divergence after the plan
+#    chose), one iteration runs without the plan first. So a repeated iteration costs, from the third on, no more
+#    than what the dynamic policy measured, where iterations cost alike from one to the next. Trying the distance alone
 #    as a third rule (benchmarks/plans.py, 2026-11-29) made the last iteration cheaper in 82 cells instead of 67,
 #    but its trial iteration ran out of memory on the MoE at 0.5 where the dynamic policy trains: a trial can fail
 #    where neither kept rule would, so the riskier rule is not tried.
@@ -76,7 +78,8 @@ class Iterations:
     """Records the iteration running now and follows the last whole one's plan (NOTE [ Iteration plans ])."""
 
     __slots__ = ("base", "next_tag", "pos", "elapsed", "keys", "times", "sizes", "uses", "plan", "following",
-                 "steer", "rule", "boundaries", "planned", "diverged", "divergence", "spent", "tried", "recording")
+                 "steer", "rule", "boundaries", "planned", "diverged", "divergence", "spent", "tried", "recording",
+                 "clean")
 
     def __init__(self, recording: bool = True) -> None:
         self.recording = recording  # rule 6: only under a budget, and at most ``LIMIT`` ops per iteration
@@ -92,6 +95,7 @@ class Iterations:
         self.following = False  # this iteration matches its plan so far (rule 2)
         self.steer = False  # ... and the plan steers the eviction search (rule 5)
         self.rule = NONE  # which score the plan steers with (rule 5)
+        self.clean = True  # no eviction of this iteration was chosen by a plan (rule 5); the runtime clears it
         self.boundaries = 0
         self.planned = 0  # iterations followed to their end
         self.diverged = 0  # iterations that left their plan (rule 2)
@@ -161,12 +165,14 @@ class Iterations:
             if s.tag >= base and s.refs:
                 uses[s.tag - base].append(pos)
         self.boundaries += 1
+        cost = spent - self.spent
+        clean = self.clean and self.recording and self.pos > 0
         if self.following:
             plan = self.plan
             assert plan is not None
             if self.pos == len(plan.keys) and len(self.sizes) == len(plan.sizes):
                 self.planned += self.rule != NONE
-                self.tried[self.rule] = spent - self.spent
+                self.tried[self.rule] = cost
             else:
                 self._diverge(f"the iteration ran {self.pos} ops, the plan {len(plan.keys)}")
         self.spent = spent
@@ -176,6 +182,8 @@ class Iterations:
         elif self.pos:
             self.plan = Plan(self.keys, self.times, self.sizes, self.uses)
             self.keys, self.times, self.sizes, self.uses = [], [], [], []
+            if clean:  # it ran as the dynamic policy alone would: what that costs on its plan is known (rule 5)
+                self.tried[NONE] = cost
         self.recording = record
         self.base = self.next_tag
         self.pos = 0
@@ -187,6 +195,7 @@ class Iterations:
         untried = [r for r in RULES if r not in tried]
         self.rule = untried[0] if untried else min(ORDER, key=lambda r: (tried[r], ORDER.index(r)))
         self.steer = self.following and self.rule != NONE
+        self.clean = True
 
     def distance(self, s: Storage, stale: float) -> float:
         """How far ahead the plan reads ``s`` next, in summed op cost (rule 3); ``stale`` for a storage from

@@ -1328,6 +1328,7 @@ class Runtime:
         comp = type(self.tracker) is Components and bound == 0.0
         now = self.clock
         best, best_score = None, math.inf
+        it.clean = False
         s: Storage
         for s in pool:
             n = s.nbytes
