@@ -198,8 +198,8 @@ class Iterations:
         self.clean = True
 
     def distance(self, s: Storage, stale: float) -> float:
-        """How far ahead the plan reads ``s`` next, in summed op cost (rule 3); ``stale`` for a storage from
-        before this iteration. Only while following."""
+        """Rule 3's time for ``s``: the geometric mean of its staleness ``stale`` and the time to the plan's next read
+        of it, in summed op cost; ``stale`` alone for a storage from before this iteration. Only while following."""
         i = s.tag - self.base
         plan = self.plan
         assert plan is not None

@@ -504,13 +504,13 @@ class Runtime:
             if self.iterations.recording:
                 self.iterations.ran(op.inputs, cost, name)
         else:
-            distinct = inputs if len(inputs) < 2 else list(dict.fromkeys(inputs))
+            distinct: Any = inputs if len(inputs) < 2 else dict.fromkeys(inputs)
             for s in distinct:
                 s.last_access = now
                 if not s.pinned or (s.moves if tier else s.banished):
                     need += s.nbytes
             if self.iterations.recording:
-                self.iterations.ran(distinct, cost, name)
+                self.iterations.ran(list(distinct), cost, name)
         self._need, self._need_op = need, name
         if need > self.floor:
             self.floor, self.floor_op = need, name
@@ -1320,8 +1320,8 @@ class Runtime:
         return best
 
     def _best_planned(self, pool: Any, floor: float, it: Iterations) -> Storage | None:
-        """``_best`` while an iteration follows its plan: staleness replaced by the distance to the plan's next
-        read (NOTE [ Iteration plans ] 3)."""
+        """``_best`` while an iteration follows its plan: staleness replaced by its geometric mean with the time to
+        the plan's next read (NOTE [ Iteration plans ] 3)."""
         score = self.policy.score
         extra = self.tracker.extra if self.tracker.scores else None
         bound = self.policy.extra_floor if extra is not None else None
