@@ -72,18 +72,9 @@ def test_cli_replays_a_log_as_a_loop_with_and_without_plans(tmp_path):
     import subprocess
     import sys
 
-    from torch_dtr.sim import chains
+    from chainlog import write_chain_log
 
-    path = tmp_path / "chain.log"
-    with path.open("w") as f:
-        w = log.Writer(f)
-        for ins in chains.linear_chain(40).instrs:
-            if type(ins) is log.Constant:
-                w.constant(ins.name, ins.nbytes)
-            elif type(ins) is C:
-                w.call(ins.name, ins.args, ins.results, ins.time_ns)
-            else:
-                w.release(ins.name)
+    path = write_chain_log(tmp_path / "chain.log", 40)
 
     def run(*extra: str):
         p = subprocess.run([sys.executable, "-m", "torch_dtr.cli", "simulate", str(path), "--format", "json",

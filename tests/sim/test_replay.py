@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from chainlog import write_chain_log
 
 from torch_dtr.core import Runtime
 from torch_dtr.sim import baselines, chains, log, replay
@@ -117,17 +118,7 @@ def test_shared_logs_feasible_and_near_the_reference(name):
 
 
 def test_cli_simulate_json(tmp_path):
-    path = tmp_path / "chain.log"
-    with path.open("w") as f:
-        w = log.Writer(f)
-        w.annotate("START")
-        for ins in chains.linear_chain(50).instrs:
-            if type(ins) is log.Constant:
-                w.constant(ins.name, ins.nbytes)
-            elif type(ins) is C:
-                w.call(ins.name, ins.args, ins.results, ins.time_ns)
-            else:
-                w.release(ins.name)
+    path = write_chain_log(tmp_path / "chain.log", 50)
     p = subprocess.run([sys.executable, "-m", "torch_dtr.cli", "simulate", str(path), "--format", "json",
                         "--ratios", "0.3,1.0", "--policy", "dtr_eq", "--policy", "lru", "--baselines",
                         "--ilp-seconds", "1"],
