@@ -19,13 +19,23 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _graph() -> dict[str, set[str]]:
     """Module -> the torch_dtr modules it imports (anywhere in its body)."""
     files = {_module(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and _type_checking(b.test)
+                       for s in b.body for n in ast.walk(s)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -52,6 +62,8 @@ def test_graph_reads_the_package() -> None:
     g = _graph()
     assert "torch_dtr.eager.front" in g and "torch_dtr.core.runtime" in g["torch_dtr.core"]
     assert "torch_dtr.eager.front" in g["torch_dtr.eager.api"]
+    assert "torch_dtr.core.lifetimes" in g["torch_dtr.core.runtime"]
+    assert "torch_dtr.core.runtime" not in g["torch_dtr.core.lifetimes"], "a type-only import is not an edge"
 
 
 def test_no_import_circle() -> None:

@@ -33,8 +33,8 @@ import torch
 
 from . import eager, native
 from .core import Listener, Stats
+from .core.errors import FIX
 from .core.policies import DEFAULT_POLICY, Policy
-from .core.runtime import FIX
 from .eager.api import _expandable
 
 FRONTS = ("auto", "native", "python")

@@ -7,6 +7,7 @@ import pytest
 from coredrive import Driver, full_check
 
 from torch_dtr.core import BudgetError
+from torch_dtr.core.eviction import choose
 
 
 def _chain(d: Driver, n: int, size: int, keep_handles: bool):
@@ -117,15 +118,15 @@ def test_an_unheld_plan_evicts_what_its_next_steps_read_last() -> None:
     c = d.const(10, 0)
     p = d.op1([c], 1, 8, lambda v: v + 1)  # the oldest: LRU's pick
     q = d.op1([c], 1, 8, lambda v: v + 2)
-    assert rt._choose() is p
+    assert choose(rt) is p
     x = d.op1([p], 1, 4, lambda v: v * 2)
     rt.evict(x)
     rt._soft, rt._steps, rt._roots = {p: 1}, [x], ()  # the plan's pending step (x's recipe) reads p
     rt._steps_rev += 1
     try:
-        assert rt._choose() is q
+        assert choose(rt) is q
         rt.lock([q])
-        assert rt._choose() is p  # nothing else can go
+        assert choose(rt) is p  # nothing else can go
         rt.unlock([q])
     finally:
         rt._soft, rt._steps = None, None
@@ -144,23 +145,23 @@ def test_an_unheld_plan_evicts_the_planned_value_read_furthest_ahead() -> None:
     x = d.op1([p], 1, 4, lambda v: v * 2)  # reads p (so q is the least recently used)
     rt.evict(x)
     rt.evict(y)
-    assert rt._choose() is q
+    assert choose(rt) is q
     def plan(steps, roots=()):  # what bring(hold=False) sets while its plan runs
         rt._soft, rt._steps, rt._roots = {p: 1, q: 1}, steps, roots
         rt._steps_rev += 1
 
     try:
         plan([x, y])  # y's recipe runs next, then x's
-        assert rt._choose() is p
+        assert choose(rt) is p
         plan([y, x])  # x's recipe next
-        assert rt._choose() is q
+        assert choose(rt) is q
         plan([None, x], [q])  # the caller's op reads the roots last
-        assert rt._choose() is q
+        assert choose(rt) is q
         rt.lock([q])
-        assert rt._choose() is p, "the next best when the furthest is locked"
+        assert choose(rt) is p, "the next best when the furthest is locked"
         rt.unlock([q])
         rt.evict(p)  # the cached order is reused; an evicted value is skipped
-        assert rt._choose() is q
+        assert choose(rt) is q
     finally:
         rt._soft, rt._steps, rt._roots = None, None, ()
     full_check(rt)

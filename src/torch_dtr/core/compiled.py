@@ -34,7 +34,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-MODULES = ("records", "memory", "trackers", "policies", "swap", "plan", "runtime", "feed")
+MODULES = ("records", "memory", "trackers", "policies", "lifetimes", "swap", "plan", "eviction", "remat", "versions",
+           "runtime", "feed")
 HERE = Path(__file__).resolve().parent
 _SUFFIXES = (".so", ".pyd")
 

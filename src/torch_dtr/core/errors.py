@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
+from collections.abc import Callable
 from typing import Any
 
 
@@ -17,6 +19,23 @@ class BudgetError(RuntimeError):
 
     def __reduce__(self) -> Any:
         return type(self), (str(self), self.budget)
+
+# how a BudgetError says to raise the budget (``Runtime.fix``: a front end puts its own calls there; {n}: bytes)
+FIX = "torch_dtr.enable(budget={n}), or `with torch_dtr.budget({n}):` for a scope inside a running session"
+
+# ``Runtime.advise``: given the budget a BudgetError would suggest, a better one for the whole program and why (a
+# front end that traced the program: NOTE [ Learned budgets ] in native/session.py), or None
+Advise = Callable[[int], tuple[int, str] | None]
+
+
+def suggest(need: float, fix: str = FIX, advise: Advise | None = None) -> tuple[int, str]:
+    """The one budget a ``BudgetError`` suggests (its ``budget``) and the sentence that says so: 10% above ``need``
+    (never below the floor), or what ``advise`` returns for it."""
+    n, why = math.ceil(need * 1.1), "10% above what this op needs; it covers the program up to here only"
+    better = advise(n) if advise is not None else None
+    if better is not None:
+        n, why = better
+    return n, f"Budget to try: {fmt_bytes(n)} ({n} B; {why}): {fix.format(n=n)}."
 
 
 class ConstantChangedError(RuntimeError):

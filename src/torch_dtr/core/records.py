@@ -129,3 +129,13 @@ class Op:
 
     def __repr__(self) -> str:
         return f"Op({self.name or '?'}, in={[s.sid for s in self.inputs]}, out={[s.sid for s in self.outputs]})"
+
+
+def step_of(s: Storage) -> Any:
+    """What brings the evicted ``s`` back: its copy (``s`` itself, when swapped) or its recipe."""
+    return s if s.host is not None else s.op
+
+
+def reads(s: Storage) -> Sequence[Storage]:
+    """What a plan's step for ``s`` reads: its recipe's inputs, or nothing when it is copied back."""
+    return () if s.host is not None else s.op.inputs  # type: ignore[union-attr]

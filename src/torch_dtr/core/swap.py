@@ -5,7 +5,7 @@
 # 1. With a ``Tier`` (``Runtime(tier=...)``), a value the policy evicts is either *dropped* (recomputed by its
 #    recipe when needed, plain DTR) or *swapped*: copied out to the tier and copied back when needed. A swapped
 #    storage is not resident (its bytes leave the budget) and has ``Storage.host`` set: the tier's handle.
-# 2. The choice, per victim (``Runtime._swaps``): the policy picks the victim as without a tier; it is swapped
+# 2. The choice, per victim (``swaps``, below): the policy picks the victim as without a tier; it is swapped
 #    when the tier has room and copying it back (and out, when it has no copy yet, unless copies out overlap
 #    compute: ``Tier.out_free``) costs less than recomputing it for nothing else: its recipe plus half of its
 #    evicted ancestors that nothing holds (an ancestor with a handle is recomputed for its own reader anyway;
@@ -19,7 +19,7 @@
 #    recompute once their ancestors were back anyway); the recipe alone: better in 5 only. Paid copies out
 #    (the CPU's tier) are worse in 4 cells, better in 8: an insurance paid for values never read again.
 #    Scoring candidates by min(recompute, copy) (MegTaiChi's) was worse in 20 of the shared logs' 45 cells (a
-#    variant of ``Runtime._best``, removed; docs/decisions.md).
+#    variant of ``eviction.scored_victim``, removed; docs/decisions.md).
 # 3. A swapped storage needs no recipe to come back: plans treat it as a leaf (one step, no inputs), so it
 #    also cuts the evicted chains behind it. Trackers never hear of it (it is not in any evicted
 #    neighbourhood): recomputing a reader costs its copy, not its ancestors.
@@ -63,9 +63,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .records import Storage
+from .lifetimes import add_candidate, add_movable
+from .records import Op, Storage
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 try:  # only the compiled core reads it (NOTE [ Compiled core ]); interpreted, it is a no-op
     from mypy_extensions import mypyc_attr
@@ -158,3 +162,67 @@ class Tier:
         """``s`` stopped being resident: a spare copy it had is its only copy now."""
         if self.spare.pop(s, 0) is None:
             self.spare_bytes -= s.nbytes
+
+
+def recompute_cost(s: Storage, enough: float, per_op: float, most: int = 64) -> float:
+    """What recomputing the resident ``s`` would cost now for nothing else (NOTE [ Swapping ] 2): its recipe, and
+    half of its evicted ancestors that nothing holds (an ancestor with a handle is recomputed for its own reader
+    anyway; a chain recomputed once serves several of its values), each recipe plus ``per_op``; summed until it
+    passes ``enough`` or ``most`` recipes were visited."""
+    total = s.cost + per_op
+    seen: set[Op] = set()
+    work = [i for i in s.op.inputs if not i.resident and i.host is None and i.refs == 0]  # type: ignore[union-attr]
+    while work and total <= enough and len(seen) < most:
+        op = work.pop().op
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        total += 0.5 * (op.cost + per_op)
+        work.extend(i for i in op.inputs if not i.resident and i.host is None and i.refs == 0)
+    return total
+
+
+def swaps(rt: Runtime, s: Storage) -> bool:
+    """Whether the victim ``s`` is swapped rather than dropped (NOTE [ Swapping ] 2): copying it back (and
+    out, when it has no copy yet) costs less than recomputing it with its evicted ancestors."""
+    tier: Tier = rt.tier  # type: ignore[assignment]
+    n = s.nbytes
+    copy = tier.in_cost(n)
+    if s.host is None:
+        if n > tier.free_bytes():
+            return False
+        copy += tier.out_cost(n)
+    if s.pinned or not s.recomputable:  # a pinned value is never dropped (NOTE [ Swapping ] 9)
+        return True
+    if s.refs == 0 and rt.budget is not None and tier.used + (0 if s.host is not None else n) > rt.budget:
+        return False  # NOTE [ Swapping ] 10: copies of values without handles stay within the device budget
+    return copy < recompute_cost(s, copy, tier.per_op)
+
+
+def swap_in(rt: Runtime, s: Storage) -> None:
+    """Copy the swapped ``s`` back (NOTE [ Swapping ] 3); it keeps its copy as a spare (rule 4)."""
+    tier: Tier = rt.tier  # type: ignore[assignment]
+    rt._recomputing = True
+    try:
+        rt.reserve(s.nbytes, f"copying back {s.op.name if s.op is not None and s.op.name else 'a value'}")
+    finally:
+        rt._recomputing = False
+    s.payload = tier.copy_in(s)
+    if s.pinned and not s.moves:  # never copied out again: its copy is of no use
+        tier.drop(s)
+    else:
+        tier.keep(s)
+    tier.ins += 1
+    tier.bytes_in += s.nbytes
+    c = tier.in_cost(s.nbytes)
+    rt.clock += c
+    rt.swap_cost += c
+    s.resident = True
+    s.last_access = rt.clock
+    rt.memory.alloc(s)
+    if not s.pinned:
+        add_candidate(rt, s)
+    elif s.moves:
+        add_movable(rt, s)
+    if rt.listeners:
+        rt.emit("swapin", s)

@@ -418,7 +418,7 @@ def comp_extra(s: Storage) -> float:
     """``Components.extra``: the summed cost of the distinct components of ``s``'s evicted neighbours (recipe
     inputs, then readers' outputs), added in the order first seen. A typed function that builds no list of
     the neighbours (and none at all where fewer than two components border ``s``): the eviction search calls
-    it for most candidates (``Runtime._best``)."""
+    it for most candidates (``eviction.scored_victim``)."""
     first: Component | None = None
     more: list[Component] | None = None
     op = s.op
