@@ -223,3 +223,40 @@ def test_disable_from_another_thread_leaves_the_enabling_thread_plain_at_no_budg
     v = w.detach().clone().requires_grad_()
     (torch.tanh(v).sum() + (v * 2).sum()).backward()  # plain PyTorch
     assert torch.equal(w.grad, v.grad)
+
+
+def test_an_optimizer_steps_end_enters_the_core_under_the_kernels_lock(monkeypatch):
+    """The step's hook calls into the core (deaths queued by the kernel, the iteration's boundary): a worker
+    thread's managed op may be in flight then, so it takes the kernel's lock, which another thread waits for."""
+    from torch_dtr.native import session as native_session
+
+    seen: list[bool] = []
+    others: list[threading.Thread] = []
+    flush = native_session.Session.flush
+
+    def watched(self) -> None:
+        got = threading.Event()
+
+        def other() -> None:
+            self.ext.lock_core()
+            got.set()
+            self.ext.unlock_core()
+
+        t = threading.Thread(target=other)
+        t.start()
+        time.sleep(0.2)  # (the GIL released: the other thread waits on the kernel's lock, or takes it)
+        seen.append(got.is_set())
+        others.append(t)
+        flush(self)
+
+    w = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(w.parameters(), lr=0.1)
+    native.enable(budget="1GiB")
+    w(torch.randn(4, 8)).sum().backward()
+    monkeypatch.setattr(native_session.Session, "flush", watched)
+    opt.step()
+    monkeypatch.setattr(native_session.Session, "flush", flush)
+    for t in others:
+        t.join(5)
+        assert not t.is_alive(), "the other thread never got the lock after the step"
+    assert seen and not any(seen), f"another thread took the kernel's lock while the hook was in the core: {seen}"

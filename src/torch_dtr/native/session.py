@@ -160,17 +160,20 @@ class Session:
         return self.feed.plain(need, name, plain)
 
     def stepped(self) -> None:
-        """An optimizer's step ended: its plain updates may have allocated (its state, on the first step)."""
-        self.flush()
-        self.ext.set_stepping(0)
-        self.rt.boundary()  # NOTE [ Iteration plans ] (core/plan.py)
-        if self.trace is not None:
-            self.trace.boundary()
-        if self.dev is not None and self.rt.budget is not None:
-            self.rt.sync()
-            self.ext.forget_room()
-        if self.learner is not None and self.learned is None:
-            self._step_traced()
+        """An optimizer's step ended: its plain updates may have allocated (its state, on the first step). Called
+        from the step's hook, outside the kernel: it takes the kernel's lock, as a worker thread's managed op may
+        be in flight (front.cpp, rule 4)."""
+        with _locked(self.ext):
+            self.flush()
+            self.ext.set_stepping(0)
+            self.rt.boundary()  # NOTE [ Iteration plans ] (core/plan.py)
+            if self.trace is not None:
+                self.trace.boundary()
+            if self.dev is not None and self.rt.budget is not None:
+                self.rt.sync()
+                self.ext.forget_room()
+            if self.learner is not None and self.learned is None:
+                self._step_traced()
 
     # ------------------------------------------------------------------ NOTE [ Learned budgets ]
     def learn(self, writer: Any) -> None:
