@@ -8,6 +8,7 @@ from coredrive import Driver, full_check
 
 from torch_dtr.core import BudgetError
 from torch_dtr.core.eviction import choose
+from torch_dtr.core.records import UnheldPlan
 
 
 def _chain(d: Driver, n: int, size: int, keep_handles: bool):
@@ -121,15 +122,14 @@ def test_an_unheld_plan_evicts_what_its_next_steps_read_last() -> None:
     assert choose(rt) is p
     x = d.op1([p], 1, 4, lambda v: v * 2)
     rt.evict(x)
-    rt._soft, rt._steps, rt._roots = {p: 1}, [x], ()  # the plan's pending step (x's recipe) reads p
-    rt._steps_rev += 1
+    rt.unheld = UnheldPlan({p: 1}, [x], ())  # the plan's pending step (x's recipe) reads p
     try:
         assert choose(rt) is q
         rt.lock([q])
         assert choose(rt) is p  # nothing else can go
         rt.unlock([q])
     finally:
-        rt._soft, rt._steps = None, None
+        rt.unheld = None
     full_check(rt)
 
 
@@ -147,8 +147,7 @@ def test_an_unheld_plan_evicts_the_planned_value_read_furthest_ahead() -> None:
     rt.evict(y)
     assert choose(rt) is q
     def plan(steps, roots=()):  # what bring(hold=False) sets while its plan runs
-        rt._soft, rt._steps, rt._roots = {p: 1, q: 1}, steps, roots
-        rt._steps_rev += 1
+        rt.unheld = UnheldPlan({p: 1, q: 1}, steps, roots)
 
     try:
         plan([x, y])  # y's recipe runs next, then x's
@@ -163,5 +162,5 @@ def test_an_unheld_plan_evicts_the_planned_value_read_furthest_ahead() -> None:
         rt.evict(p)  # the cached order is reused; an evicted value is skipped
         assert choose(rt) is q
     finally:
-        rt._soft, rt._steps, rt._roots = None, None, ()
+        rt.unheld = None
     full_check(rt)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BudgetError, fmt_bytes, suggest
 from .lifetimes import awaited, unawait, unresident
 from .plan import Iterations
-from .records import Storage, reads
+from .records import Storage, UnheldPlan, reads
 from .swap import Tier, swaps
 from .trackers import Chain, Components, comp_extra
 
@@ -155,7 +155,7 @@ def raise_budget(rt: Runtime, nbytes: int, where: str) -> None:
     need = held + nbytes + rt.headroom
     # the driver's op: its inputs are what is locked; bytes pinned by banishing are a choice, not a need
     # (NOTE [ Banishing ] 5), so they stay out of the floor unless the op reads them (locked)
-    if not rt._recomputing:
+    if not rt.recomputing:
         chosen = sum(s.nbytes for s in rt.live if s.banished and not s.locks) if rt.banished_bytes else 0
         if need - chosen > rt.floor:
             rt.floor, rt.floor_op = need - chosen, where
@@ -202,7 +202,7 @@ def choose(rt: Runtime) -> Storage | None:
     if rt.movable:  # NOTE [ Swapping ] 9: a pinned value the tier can take, if it scores lower
         t0 = time.perf_counter()
         m, v = movable_victim(rt, True)
-        if m is None and best is None and rt._soft:  # what an unheld plan reads, as a last resort
+        if m is None and best is None and rt.unheld is not None and rt.unheld.reads:  # (as a last resort)
             m, v = movable_victim(rt, False)
         if m is not None and v < rt._score:
             best = m
@@ -216,7 +216,8 @@ def movable_victim(rt: Runtime, skip_soft: bool) -> tuple[Storage | None, float]
     plan's next steps read."""
     tier: Tier = rt.tier  # type: ignore[assignment]
     room = tier.free_bytes()
-    soft = rt._soft if skip_soft else None
+    u = rt.unheld
+    soft = u.reads if skip_soft and u is not None else None
     now = rt.clock
     policy = rt.policy
     # a copy back brings no evicted neighbourhood with it (NOTE [ Swapping ] 3): the smallest extra there is
@@ -255,9 +256,10 @@ def policy_victim(rt: Runtime) -> Storage | None:
         floor = 0.01 * rt.candidate_bytes / n
     if floor < rt.evict_minimum:
         floor = rt.evict_minimum
-    soft = rt._soft
+    u = rt.unheld
+    soft = u.reads if u is not None else None
     best = None
-    if rt._awaiting:  # NOTE [ Lifetimes ] 3: kept for an evicted output, which nothing waits for now
+    if rt.awaiting:  # NOTE [ Lifetimes ] 3: kept for an evicted output, which nothing waits for now
         best = due_drop(rt, soft)
         if best is not None:
             rt.search_seconds += time.perf_counter() - t0
@@ -265,7 +267,7 @@ def policy_victim(rt: Runtime) -> Storage | None:
     if soft:  # an unheld plan runs: what its next steps read goes last (NOTE [ Planned rematerialization ] 4)
         best = scored_victim(rt, [s for s in pool if not soft.get(s)], floor)
         if best is None:
-            best = furthest_read(rt, cands)
+            best = furthest_read(rt, u, cands)  # type: ignore[arg-type]
             rt._score = -math.inf if best is not None else math.inf
     if best is None:
         best = scored_victim(rt, pool, floor)
@@ -282,7 +284,7 @@ def due_drop(rt: Runtime, soft: dict[Storage, int] | None) -> Storage | None:
     """A value kept without handles for a reader's evicted output (NOTE [ Lifetimes ] 3) that no such
     output waits for any more: the drop it was spared is due (not one an unheld plan's next steps read)."""
     found, gone = None, []
-    for s in rt._awaiting:
+    for s in rt.awaiting:
         if s.refs or s.pinned:  # held again (a new view), or pinned since
             gone.append(s)
         elif not s.locks and not awaited(s) and not (soft and soft.get(s)):
@@ -293,25 +295,25 @@ def due_drop(rt: Runtime, soft: dict[Storage, int] | None) -> Storage | None:
     return found
 
 
-def furthest_read(rt: Runtime, cands: Any) -> Storage | None:
-    """Of the candidates the unheld plan's pending steps read, the one whose next read is furthest
+def furthest_read(rt: Runtime, u: UnheldPlan, cands: Any) -> Storage | None:
+    """Of the candidates the unheld plan ``u``'s pending steps read, the one whose next read is furthest
     ahead (the larger on a tie): NOTE [ Planned rematerialization ] 4. The order is computed once per
-    state of the plan's steps (``_steps_rev``), not per eviction."""
-    if rt._ahead_rev != rt._steps_rev:
-        steps, roots = rt._steps, rt._roots
+    state of the plan's steps (``u.rev``), not per eviction."""
+    if u.ahead_rev != u.rev:
+        steps, roots = u.steps, u.roots
         ahead: dict[Storage, int] = {}  # storage -> steps until its next read
-        n = len(steps)  # type: ignore[arg-type]
+        n = len(steps)
         for k in range(n - 1, -1, -1):
             # a step already resident (brought back with a sibling) is popped without running unless it is
             # evicted first; counting its reads anyway measured better (tests' MLP 28% vs 29% of its peak)
-            st = steps[k]  # type: ignore[index]
+            st = steps[k]
             for i in roots if st is None else reads(st):
                 if i not in ahead:
                     ahead[i] = n - k
-        rt._ahead = sorted(ahead, key=lambda i: (-ahead[i], -i.nbytes))
-        rt._ahead_rev = rt._steps_rev
+        u.ahead = sorted(ahead, key=lambda i: (-ahead[i], -i.nbytes))
+        u.ahead_rev = u.rev
     least = max(1, rt.evict_minimum)
-    for s in rt._ahead:
+    for s in u.ahead:
         if s.resident and not s.locks and s.nbytes >= least and s in cands:
             return s
     return None

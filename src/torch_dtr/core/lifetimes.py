@@ -238,7 +238,7 @@ def unbanish(rt: Runtime, s: Storage) -> None:
 def unawait(rt: Runtime, s: Storage) -> None:
     """``s`` leaves the kept set (NOTE [ Lifetimes ] 3): no longer resident, or held or pinned again."""
     s.awaits = False
-    del rt._awaiting[s]
+    del rt.awaiting[s]
 
 
 def add_candidate(rt: Runtime, s: Storage) -> None:

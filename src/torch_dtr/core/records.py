@@ -139,3 +139,19 @@ def step_of(s: Storage) -> Any:
 def reads(s: Storage) -> Sequence[Storage]:
     """What a plan's step for ``s`` reads: its recipe's inputs, or nothing when it is copied back."""
     return () if s.host is not None else s.op.inputs  # type: ignore[union-attr]
+
+
+class UnheldPlan:
+    """A plan running without holding its values (NOTE [ Planned rematerialization ] 4), as the eviction search
+    sees it: ``reads`` (storage -> its pending steps that read it: those are evicted last), ``steps`` (the next
+    one last; ``None``: the caller's op, which reads ``roots``). ``rev`` changes with ``steps``; ``ahead`` is the
+    order of their next reads (furthest first) as computed at revision ``ahead_rev``."""
+
+    def __init__(self, reads: dict[Storage, int], steps: list[Storage | None], roots: Sequence[Storage]) -> None:
+        self.reads = reads
+        self.steps = steps
+        self.roots = roots
+        self.rev = 0
+        self.ahead_rev = -1
+        self.ahead: list[Storage] = []
+

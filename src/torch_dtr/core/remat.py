@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BudgetError, ConstantChangedError, fmt_bytes, internal_assert, suggest
 from .eviction import evict_storage
 from .lifetimes import add_candidate, add_movable, unresident
-from .records import Op, Storage, step_of
+from .records import Op, Storage, UnheldPlan, step_of
 from .swap import swap_in
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 #    op's resident inputs included, and runs the plan without holding: the policy may evict any planned
 #    value, even one the next step reads; a step that finds an input missing plans it again, and from its
 #    second try locks its other resident inputs until it runs (each try locks more, so it ends). While
-#    it runs, the policy first chooses among candidates that no pending step reads (``_soft``); when none
+#    it runs, the policy first chooses among candidates that no pending step reads (``Runtime.unheld``); when none
 #    fits, the runtime evicts the planned value whose next read is furthest ahead in the plan (Belady's
 #    rule; the larger on a tie), not the policy's choice among all: staleness says nothing about a plan's
 #    order, and the policy's picks were read again a few steps later (the tests' MLP: smallest feasible
@@ -187,10 +187,10 @@ def bring(rt: Runtime, roots: Sequence[Storage], *, hold: bool = True) -> None:
     brought: dict[Storage, None] = {}  # recomputed on the way, the roots excepted
     rootset = set(roots)
     ran = 0
-    outer = rt._soft, rt._steps, rt._roots
-    if not hold:
-        rt._soft, rt._steps, rt._roots = pending, steps, roots
-        rt._steps_rev += 1
+    outer = rt.unheld
+    u = None if hold else UnheldPlan(pending, steps, roots)  # what the eviction search keeps last (rule 4)
+    if u is not None:
+        rt.unheld = u
     try:
         while steps:
             s = steps[-1]
@@ -208,6 +208,8 @@ def bring(rt: Runtime, roots: Sequence[Storage], *, hold: bool = True) -> None:
                                 i.locks += 1
                                 keep.append(i)
                     push(rt, steps, pending, missing, leaves)
+                    if u is not None:
+                        u.rev += 1
                     continue
                 if s is not None:
                     ran += 1
@@ -228,14 +230,14 @@ def bring(rt: Runtime, roots: Sequence[Storage], *, hold: bool = True) -> None:
                                 o.locks += 1
                                 kept.add(o)
             steps.pop()
-            rt._steps_rev += 1
+            if u is not None:
+                u.rev += 1
             rt.unlock(held.pop(s, ()))
             if s not in leaves:  # (a step planned as a recipe and swapped since still read its recipe's inputs)
                 done_reads(rt, roots if s is None else s.op.inputs if s.op is not None else (),
                                  pending, kept, brought)
     finally:
-        rt._soft, rt._steps, rt._roots = outer
-        rt._steps_rev += 1
+        rt.unheld = outer
         for keep in held.values():
             rt.unlock(keep)
         rt.unlock(list(kept))
@@ -259,7 +261,6 @@ def done_reads(rt: Runtime, ins: Sequence[Storage], pending: dict[Storage, int],
 def push(rt: Runtime, steps: list[Storage | None], pending: dict[Storage, int], missing: list[Storage],
           leaves: set[Storage]) -> int:
     plan = plan_steps(rt, missing)
-    rt._steps_rev += 1
     for m in plan:
         if m.host is not None:
             leaves.add(m)
@@ -287,13 +288,13 @@ def recompute(rt: Runtime, op: Op, keep: Any = ()) -> None:
     lend = [s for s in op.writes if s.resident and s.refs == 0 and s.deps == 1 and not s.pinned
             and s not in keep] if op.writes else None
     rt.lock(siblings)  # reserve() must not evict an output that compute() is about to bring back
-    rt._recomputing = True
+    rt.recomputing = True
     try:
         need = sum(o.nbytes for o in op.outputs if not o.resident and not o.released) + op.scratch
         rt.reserve(max(0, need - sum(s.nbytes for s in lend)) if lend else need,
                      f"recomputing {op.name or 'an op'}")
     finally:
-        rt._recomputing = False
+        rt.recomputing = False
         rt.unlock(siblings)
     t0 = time.perf_counter()
     payloads = op.compute(lend) if lend else op.compute()  # type: ignore[misc]

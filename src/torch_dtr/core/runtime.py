@@ -35,7 +35,7 @@ from .lifetimes import awaited, orphaned, release
 from .memory import Drop, Memory
 from .plan import Iterations
 from .policies import DEFAULT_POLICY, Policy, get_policy
-from .records import Op, Storage
+from .records import Op, Storage, UnheldPlan
 from .swap import Tier
 from .trackers import TRACKERS
 
@@ -183,14 +183,9 @@ class Runtime:
         self.floor_op = ""
         self._need = 0  # what the op being run needs resident: the unevictable bytes, its inputs, outputs
         self._need_op = ""
-        self._recomputing = False  # reserve() is making room for a recomputation
-        self._soft: dict[Storage, int] | None = None  # an unheld plan's pending reads: evicted last
-        self._awaiting: dict[Storage, None] = {}  # kept without handles for an evicted output (Lifetimes 3)
-        self._steps: list[Storage | None] | None = None  # that plan's steps (the next one last)
-        self._roots: Sequence[Storage] = ()
-        self._steps_rev = 0  # bumped whenever a plan's steps change (``furthest_read`` caches its order per value)
-        self._ahead_rev = -1
-        self._ahead: list[Storage] = []
+        self.recomputing = False  # reserve() is making room for a recomputation or a copy back
+        self.unheld: UnheldPlan | None = None  # a plan running without holding its values (remat.py)
+        self.awaiting: dict[Storage, None] = {}  # kept without handles for an evicted output (Lifetimes 3)
         self._score = math.inf  # the score of ``policy_victim``'s last choice
         # victims a device's layout offers for a request of so many bytes (adjacent blocks whose freeing makes one
         # block it can use), evicted before the policy's when the budget needs room (NOTE [ Layout-aware
@@ -358,7 +353,7 @@ class Runtime:
                 if s.resident and not s.pinned and s.locks == 0:
                     if awaited(s):
                         s.awaits = True
-                        self._awaiting[s] = None
+                        self.awaiting[s] = None
                     else:
                         evict_storage(self, s, "drop")
                 if self.banish_depth:
@@ -447,9 +442,9 @@ class Runtime:
                 continue
             if layout is not None:  # NOTE [ Layout-aware eviction ]: once per call
                 victims, layout = layout(nbytes) if nbytes > 0 else (), None
-                cands, soft = self.candidates, self._soft
+                cands, u = self.candidates, self.unheld
                 for s in victims:  # (not what an unheld plan's next steps read: the policy keeps those last too)
-                    if s in cands and s.resident and not s.locks and not (soft and soft.get(s)):
+                    if s in cands and s.resident and not s.locks and not (u is not None and u.reads.get(s)):
                         evict_storage(self, s, "evict")
                 continue
             victim = choose(self)
@@ -585,10 +580,10 @@ class Runtime:
             internal_assert(not s.moves or s.pinned, f"{s} moves but is not pinned")
             internal_assert((s in self.movable) == (self.tier is not None and s.resident and s.moves),
                             f"movable set wrong for {s}")
-            internal_assert(s.awaits == (s in self._awaiting) and (not s.awaits or s.resident),
-                            f"{s}: awaits={s.awaits} but {'in' if s in self._awaiting else 'not in'} the kept set")
+            internal_assert(s.awaits == (s in self.awaiting) and (not s.awaits or s.resident),
+                            f"{s}: awaits={s.awaits} but {'in' if s in self.awaiting else 'not in'} the kept set")
             banished += s.nbytes if s.banished else 0
-        internal_assert(all(s in self.live for s in self._awaiting), "a released value in the kept set")
+        internal_assert(all(s in self.live for s in self.awaiting), "a released value in the kept set")
         if self.tier is not None:
             tier = self.tier
             copies = [s for s in self.live if s.host is not None]

@@ -202,11 +202,11 @@ def swaps(rt: Runtime, s: Storage) -> bool:
 def swap_in(rt: Runtime, s: Storage) -> None:
     """Copy the swapped ``s`` back (NOTE [ Swapping ] 3); it keeps its copy as a spare (rule 4)."""
     tier: Tier = rt.tier  # type: ignore[assignment]
-    rt._recomputing = True
+    rt.recomputing = True
     try:
         rt.reserve(s.nbytes, f"copying back {s.op.name if s.op is not None and s.op.name else 'a value'}")
     finally:
-        rt._recomputing = False
+        rt.recomputing = False
     s.payload = tier.copy_in(s)
     if s.pinned and not s.moves:  # never copied out again: its copy is of no use
         tier.drop(s)
