@@ -7,9 +7,10 @@ For each workload (``torch-dtr bench``'s full sizes) and budget (a fraction of p
 as the bench measured it, ``PEAK_MIB``), trains 3 steps under each policy and reports the last step's
 recomputations, their modelled cost (NOTE [ Modelled costs ]: the same in every run), the eviction search's
 seconds and the step's seconds (one run each on a shared machine: read the step times to about +-10%).
-The simulator compares policies on recorded logs (``policy_grid.py``); this measures the live runtime,
-where the search's own cost counts. About 3 minutes with ``dtr`` (exact neighbourhoods are slow on the
-LSTM loop).
+Iteration plans are off (``plans=False``): the third step would be their trial iteration (NOTE [ Iteration
+plans ] 5), and this compares the policies alone. The simulator compares policies on recorded logs
+(``policy_grid.py``); this measures the live runtime, where the search's own cost counts. About 3 minutes with
+``dtr`` (exact neighbourhoods are slow on the LSTM loop).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PEAK_MIB = {"gpt2": 695.8, "resnet50": 312.8, "lstm": 181.3}  # plain's tracked 
 def _run(name: str, ratio: float, policy: str) -> list[str]:
     torch.manual_seed(0)
     model, batches, step = workloads.build(name, workloads.SIZES[name]["full"], steps=3)
-    torch_dtr.enable(budget=int(ratio * PEAK_MIB[name] * 2**20), policy=policy)
+    torch_dtr.enable(budget=int(ratio * PEAK_MIB[name] * 2**20), policy=policy, plans=False)
     rt = torch_dtr.runtime()
     try:
         for b in batches:
@@ -55,7 +56,8 @@ def main() -> int:
     lines = ["# Eviction policies live on the bench's workloads", "",
              f"Written by `python benchmarks/policy_live.py --policies {' '.join(a.policies)} --runs "
              f"{' '.join(a.runs)}` on {datetime.date.today()} (2 CPU cores). The third of 3 training steps, "
-             "one process per table row; *modelled cost*: the recomputed recipes' modelled seconds.", "",
+             "iteration plans off, one process per table row; *modelled cost*: the recomputed recipes' modelled "
+             "seconds.", "",
              "| workload | budget | policy | recomputations | modelled cost | search (s) | step (s) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for run in a.runs:

@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 #    bytes out (``banished_bytes``; in a ``BudgetError``, those the op in flight does not read), so it stays
 #    a lower bound for any schedule.
 # 6. Live, the default depth is 2 (``eager.front.DEFAULT_BANISH_DEPTH``, since 2026-11-25, 08:00 UTC): measured
-#    (docs/design.md, Banishing) on the tests' models' smallest feasible budgets it is never worse than no
-#    banishing and lower on five of eight (GPT-2 31% -> 25% of the peak, LSTM loop 65% -> 54%), and the
+#    (docs/floors.md, ``floors.py --banish``) on the tests' models' smallest feasible budgets it is lower on five
+#    of eight and higher on one (the MLP: 23% -> 28% of its peak; 2026-11-30), and the
 #    bench's LSTM loop trains at 50% of its peak, where it fails without. ``Runtime``'s own default, which
 #    the replay of operator logs uses, stays 0: in those logs every weight gradient is an output whose
 #    recipe lives to the end of the step (live they are plain ``p.grad`` constants), so a banished value
