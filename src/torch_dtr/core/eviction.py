@@ -149,6 +149,7 @@ def evict_storage(rt: Runtime, s: Storage, kind: str) -> None:
 
 
 def raise_budget(rt: Runtime, nbytes: int, where: str) -> None:
+    """Nothing is left to evict and ``nbytes`` more do not fit: ``BudgetError``, saying what holds the budget."""
     mem = rt.memory
     held = mem.tracked + mem.outside
     locked = sum(s.nbytes for s in rt.candidates if s.locks)

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 
 def raise_undone(rt: Runtime, roots: Sequence[Storage], ran: int, planned: int) -> None:
+    """An unheld plan kept being undone (NOTE [ Planned rematerialization ] 4): give up with ``BudgetError``."""
     need = sum(r.nbytes for r in roots)
     n, fix = suggest(max(rt.budget or 0, rt.floor) * 1.15, rt.fix, rt.advise)
     raise BudgetError(
@@ -235,7 +236,7 @@ def bring(rt: Runtime, roots: Sequence[Storage], *, hold: bool = True) -> None:
             rt.unlock(held.pop(s, ()))
             if s not in leaves:  # (a step planned as a recipe and swapped since still read its recipe's inputs)
                 done_reads(rt, roots if s is None else s.op.inputs if s.op is not None else (),
-                                 pending, kept, brought)
+                           pending, kept, brought)
     finally:
         rt.unheld = outer
         for keep in held.values():
@@ -246,7 +247,7 @@ def bring(rt: Runtime, roots: Sequence[Storage], *, hold: bool = True) -> None:
 
 
 def done_reads(rt: Runtime, ins: Sequence[Storage], pending: dict[Storage, int], kept: set[Storage],
-                brought: dict[Storage, None]) -> None:
+               brought: dict[Storage, None]) -> None:
     """A plan's step that read ``ins`` ran: unlock and drop what no pending step reads now."""
     for i in ins:
         left = pending[i] = pending.get(i, 1) - 1
@@ -259,7 +260,9 @@ def done_reads(rt: Runtime, ins: Sequence[Storage], pending: dict[Storage, int],
 
 
 def push(rt: Runtime, steps: list[Storage | None], pending: dict[Storage, int], missing: list[Storage],
-          leaves: set[Storage]) -> int:
+         leaves: set[Storage]) -> int:
+    """Plan ``missing`` and put its steps on ``steps`` (the next one last), counting their reads in ``pending``;
+    a copy back is a leaf (``leaves``). Returns the number of steps planned."""
     plan = plan_steps(rt, missing)
     for m in plan:
         if m.host is not None:
@@ -292,7 +295,7 @@ def recompute(rt: Runtime, op: Op, keep: Any = ()) -> None:
     try:
         need = sum(o.nbytes for o in op.outputs if not o.resident and not o.released) + op.scratch
         rt.reserve(max(0, need - sum(s.nbytes for s in lend)) if lend else need,
-                     f"recomputing {op.name or 'an op'}")
+                   f"recomputing {op.name or 'an op'}")
     finally:
         rt.recomputing = False
         rt.unlock(siblings)

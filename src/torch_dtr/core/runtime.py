@@ -492,6 +492,7 @@ class Runtime:
         evict_storage(self, s, "evict")
 
     def _raise_budget(self, nbytes: int, where: str) -> None:
+        """``eviction.raise_budget``; a method so that a test on the interpreted core can spy on it."""
         eviction.raise_budget(self, nbytes, where)
 
     def track(self) -> None:
