@@ -125,3 +125,21 @@ def test_gpu_figures_count_a_passed_budget(tmp_path: Path) -> None:
     assert after != before
     assert "not always within the budget" in after and "5000.0 MiB" in after
     assert "(4 sessions: H100, H200)" in after
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_distributed_reports_are_their_records(tmp_path: Path, device: str) -> None:
+    """docs/distributed.md and docs/distributed-cuda.md are rendered from their records (docs/distributed.json; the
+    GPU record the CUDA report names) by ``benchmarks/distributed.py --report-only``, budget held column included:
+    a hand edit, or a record rerun without rewriting the report, fails here."""
+    import shutil
+
+    name = "distributed-cuda.md" if device == "cuda" else "distributed.md"
+    shutil.copy(ROOT / "docs" / name, tmp_path / name)
+    shutil.copy(ROOT / "docs" / "distributed.json", tmp_path / "distributed.json")
+    subprocess.run([sys.executable, "benchmarks/distributed.py", "--report-only", "--device", device, "--out",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    assert (tmp_path / name).read_text() == (ROOT / "docs" / name).read_text(), \
+        f"run: python benchmarks/distributed.py --report-only --device {device}"
+    if device == "cuda":  # the budgets the host tier passed are said, with their excess
+        assert "NO, +22.2 MiB" in (tmp_path / name).read_text()
