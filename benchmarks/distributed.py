@@ -374,10 +374,11 @@ def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict,
               "keeps each layer's parameters from its forward to its backward and nothing is pinned."]
     passed = sum(_held(r[2], budgets.get((r[0], r[1]))).startswith("NO") for r in rows)
     if cuda and passed and (date or "9999") < "2026-11-29":
-        lines += [f"{passed} rows passed their budget: these runs predate the host tier's count of its copies in "
-                  "flight (NOTE [ Swapping ] 6 in core/swap.py, 2026-11-29), which the simulated allocator's tests "
-                  "hold within the budget at 65% and 50% (tests/eager/test_host_tier.py); not rerun on a GPU "
-                  "since."]
+        lines += [f"{passed} rows passed their budget, all with the host tier (the Python front end, 2026-11-26), as "
+                  "the LSTM loop's host-tier runs did on a GPU then (docs/benchmarks-cuda.md), even with copies out on "
+                  "the compute stream: the cause is not established. The simulated allocator's tests hold the host "
+                  "tier within the budget at 65% and 50% with copies in flight (tests/eager/test_host_tier.py); not "
+                  "rerun on a GPU since."]
     if not cuda:
         lines += ["On the CPU a copy to the host tier saves no RAM (it is counted as off the budget, as device "
                   "memory would be). Two ranks share two cores here: step times move by about 10% between runs; "
