@@ -7,7 +7,8 @@ median step of each round's steps after one warm-up, then the median over rounds
 recomputing only, and torch-dtr with the host tier (``enable(swap=True)``: copies at the CPU's modelled
 2.5 GB/s, NOTE [ Host copies ]) at each ratio of plain's tracked peak, each with the Python front end and the
 compiled one (``torch_dtr.native``: the same rules, but autograd sums gradients in place there, NOTE [ Native
-front end ] 9); bitwise: losses equal to plain's. On
+front end ] 9); bitwise: losses and final parameters equal to plain's (losses only in records before parameters'
+digests were kept). On
 these machines a copy saves no RAM (host and device are one memory): the figures say what choosing copies
 over recomputation costs in time, which is what the GPU's tier decides the same way. About 25 minutes.
 """
@@ -95,9 +96,10 @@ def _report(results: dict, rounds: int, args: str, date: str | None = None) -> s
     for name, w in results.items():
         runs = w["runs"]
         plain = statistics.median(r["step_s"] for r in runs["plain PyTorch"] if "step_s" in r)
-        want = runs["plain PyTorch"][0]["losses"]
+        want, want_digest = runs["plain PyTorch"][0]["losses"], runs["plain PyTorch"][0].get("digest")
+        what = "losses and parameters" if want_digest else "losses only (no parameter digest in this record)"
         lines += [f"## {name}", "", f"{workloads.describe(name, workloads.Size(**w['size']))}; tracked peak "
-                  f"{w['peak'] / 2**20:.1f} MiB.", "",
+                  f"{w['peak'] / 2**20:.1f} MiB. Bitwise: {what}.", "",
                   "| contender | budget | budget held | step | vs plain | bitwise | evictions | recomputations/step | "
                   "copies back | host tier peak | peak RSS | note |",
                   "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -110,7 +112,7 @@ def _report(results: dict, rounds: int, args: str, date: str | None = None) -> s
             r0 = ok[0]
             n = 3  # steps per run (one warm-up, two timed)
             budget = f"{r0['budget'] / 2**20:.1f} MiB" if r0.get("budget") else "-"
-            same = "yes" if all(r["losses"] == want for r in ok) else "NO"
+            same = "yes" if all(r["losses"] == want and r.get("digest") == want_digest for r in ok) else "NO"
             remats = f"{r0['remats'] / n:.0f}" if "remats" in r0 else "-"
             host = f"{r0['host_peak'] / 2**20:.1f} MiB" if r0.get("host_peak") else "-"
             over = max(r.get("peak_tracked", 0) for r in ok) - r0["budget"] if r0.get("budget") else None
