@@ -16,7 +16,8 @@ if os.environ.get("DTR_TEST_SWAP") == "1":  # every test with the host tier on (
 # asks for one of its own options), and "python", the fallback, forced. ``DTR_TEST_FRONT=default`` (or ``python``)
 # runs one of them.
 # Tests marked ``python_front`` test the Python front end's own internals (``DTRTensor``, its size cache)
-# and run on it alone. The front end is set per module (``TORCH_DTR_FRONT``, which subprocesses inherit), so that
+# and run on it alone; tests marked ``front_free`` drive no front end (a probe of the shared size rules) and run
+# once. The front end is set per module (``TORCH_DTR_FRONT``, which subprocesses inherit), so that
 # fixtures which enable a session once per module run on it too.
 FRONTS = [f for f in ("default", "python") if (os.environ.get("DTR_TEST_FRONT") or f) == f]
 
@@ -33,11 +34,13 @@ def dtr_front(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A ``python_front`` test runs once, on the Python front end."""
+    """A ``python_front`` test runs once, on the Python front end; a ``front_free`` one once, on the first front."""
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.get_closest_marker("python_front") is not None and params.get("dtr_front") == "default":
+        front = params.get("dtr_front")
+        if ((item.get_closest_marker("python_front") is not None and front == "default")
+                or (item.get_closest_marker("front_free") is not None and front not in (None, FRONTS[0]))):
             drop.append(item)
         else:
             keep.append(item)

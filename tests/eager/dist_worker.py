@@ -4,10 +4,10 @@ parallelism (``parallelize_module``, column- then row-wise). Prints one JSON lin
 digest of the rank's parameters (local shards) and torch-dtr's counters. Used by test_distributed.py, which
 runs it in a subprocess with a timeout (a hang fails).
 
-    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap|native|native_swap [BUDGET_BYTES]
+    python tests/eager/dist_worker.py fsdp|fsdp_keep|ddp|tp plain|dtr|dtr_swap [BUDGET_BYTES]
 
-(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``; ``native``, ``native_swap``: the compiled
-front end, ``torch_dtr.native.enable``, without and with its host tier.)
+(``dtr_swap``: torch-dtr with its host tier, ``enable(swap=True)``.) The front end is the test's
+(``TORCH_DTR_FRONT``, inherited: tests/eager/conftest.py); each rank reports the one that ran.
 """
 
 from __future__ import annotations
@@ -70,15 +70,9 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH)
     out: dict = {"rank": rank}
-    front = None
-    if mode in ("native", "native_swap"):
-        from torch_dtr import native
-
-        front = (native.enable, native.disable, native.stats)
-    elif mode != "plain":
-        front = (torch_dtr.enable, torch_dtr.disable, lambda: dataclasses.asdict(torch_dtr.stats()))
-    if front is not None:
-        front[0](budget, swap=mode.endswith("_swap"))
+    if mode != "plain":
+        torch_dtr.enable(budget, swap=mode.endswith("_swap"))
+        out["front"] = torch_dtr.front()  # which front end ran: the test's (TORCH_DTR_FRONT, inherited)
     try:
         losses = []
         for _ in range(STEPS):
@@ -91,9 +85,9 @@ def rank_main(rank: int, port: int, program: str, mode: str, budget: int | None,
     except Exception as e:  # reported, so that the test shows what failed on which rank
         out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
-        if front is not None:
-            st = front[2]()
-            front[1]()
+        if mode != "plain":
+            st = dataclasses.asdict(torch_dtr.stats())
+            torch_dtr.disable()
             out |= {"evictions": st["evictions"], "remats": st["rematerializations"], "peak": st["peak_bytes"],
                     "floor": st["floor_bytes"], "swaps_out": st["swaps_out"] or 0, "swaps_in": st["swaps_in"] or 0}
     h = hashlib.sha256()

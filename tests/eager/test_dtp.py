@@ -8,6 +8,7 @@ Gradients go to their parameters' placements before each optimizer step (``dtp.r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -22,6 +23,17 @@ WORKER = Path(__file__).with_name("dtp_worker.py")
 
 
 def _run(world: int, mode: str, budget: int | None = None, plan: str = "dtp", model: str = "mlp") -> list[dict]:
+    if mode in ("single", "plain"):  # without torch-dtr: the same for both front ends' cases, run once
+        return json.loads(_without(world, mode, plan, model))
+    return _spawn(world, mode, budget, plan, model)
+
+
+@functools.cache
+def _without(world: int, mode: str, plan: str, model: str) -> str:
+    return json.dumps(_spawn(world, mode, None, plan, model))
+
+
+def _spawn(world: int, mode: str, budget: int | None, plan: str, model: str) -> list[dict]:
     cmd = [sys.executable, str(WORKER), str(world), mode] + ([str(budget), "-1"] if budget is not None else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, check=False,
                        env={**os.environ, "DTP_PLAN": plan, "DTP_MODEL": model})

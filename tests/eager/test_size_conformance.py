@@ -65,6 +65,7 @@ class _Probe(TorchDispatchMode):
 
 
 @pytest.mark.slow
+@pytest.mark.front_free  # a probe mode over the shared size rules (eager/sizes.py): no session, no front end
 def test_every_op_db_sample_is_predicted_no_smaller_than_it_is():
     short: dict[str, list] = collections.defaultdict(list)
     with warnings.catch_warnings():

@@ -235,7 +235,7 @@ def plan_workload(name: str, device: str, quick: bool, cap: int | None, say: Any
         tries.insert(1, {"kind": "ckpt_block", "label": "checkpoint every block"})
     for t in tries:
         best = None
-        for m in MULTIPLES[:4] if quick else MULTIPLES:
+        for m in MULTIPLES[:2] if quick else MULTIPLES:  # quick: a smoke test of the search (x1, x2)
             say(f"{name}: {t['label']} under the cap, batch x{m}")
             r = spawn(common | t | {"cap": cap, "steps": 1, "size": size.__dict__ | {"batch": size.batch * m}}, timeout)
             if "error" in r:
