@@ -10,7 +10,8 @@ compiled one (``torch_dtr.native``: the same rules, but autograd sums gradients 
 front end ] 9); bitwise: losses and final parameters equal to plain's (losses only in records before parameters'
 digests were kept). On
 these machines a copy saves no RAM (host and device are one memory): the figures say what choosing copies
-over recomputation costs in time, which is what the GPU's tier decides the same way. About 25 minutes.
+over recomputation costs in time, which is what the GPU's tier decides the same way. About 7 minutes (the
+command of docs/swap-live.md, 2 cores).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def _report(results: dict, rounds: int, args: str, date: str | None = None) -> s
                   "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for label, rs in runs.items():
             ok = [r for r in rs if "step_s" in r]
+            if label.startswith("torch-dtr"):  # which front end ran it (the labels of the records name only native)
+                label = (label.removesuffix(", native") + " (compiled front end)" if label.endswith(", native")
+                         else label + " (Python front end)")
             if not ok:
                 lines.append(f"| {label} | - | - | - | - | - | - | - | - | - | - | {rs[0].get('error', '')[:150]} |")
                 continue
