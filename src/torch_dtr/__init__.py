@@ -29,6 +29,10 @@ def __getattr__(name: str) -> object:
         from .native.simdevice import SimulatedDevice
 
         return SimulatedDevice
+    if name == "CpuDevice":  # the CPU's tensor memory as a device (NOTE [ The CPU as a device ])
+        from .native.cpudevice import CpuDevice
+
+        return CpuDevice
     if name in _EAGER:
         from . import eager
 
@@ -45,8 +49,8 @@ def __getattr__(name: str) -> object:
 
 __version__ = "0.1.0"
 __all__ = [
-    "POLICIES", "BudgetError", "ConstantChangedError", "CudaDevice", "DTRTensor", "Device", "SimulatedDevice",
-    "InternalError", "Pool", "Store", "Value", "Policy", "Session", "Stats", "attach",
+    "POLICIES", "BudgetError", "ConstantChangedError", "CpuDevice", "CudaDevice", "DTRTensor", "Device",
+    "SimulatedDevice", "InternalError", "Pool", "Store", "Value", "Policy", "Session", "Stats", "attach",
     "budget", "disable", "enable", "enabled", "front", "listen", "parse_budget", "record", "register", "reset_peak",
     "runtime", "stats", "tenant", "unwrap",
 ]

@@ -91,7 +91,8 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
     and recomputing. Returns the session (a context manager: ``with torch_dtr.enable(...):``).
 
     What the budget bounds: on CUDA, the bytes PyTorch's allocator has handed out on the device (parameters,
-    optimizer state and workspaces included); on the CPU, the bytes torch-dtr tracks (NOTE [ Device memory ]).
+    optimizer state and workspaces included); on the CPU, the bytes torch-dtr tracks (NOTE [ Device memory ]), or
+    with ``device="cpu"`` all the process's tensor memory as on CUDA (NOTE [ The CPU as a device ]).
     With no budget on CUDA, nothing is evicted until the device runs out of memory; then torch-dtr evicts and
     retries the op. ``device``: whose allocator to follow (default: the current CUDA device where CUDA is
     available; a ``torch_dtr.SimulatedDevice`` runs the same logic over the CPU).
@@ -123,6 +124,8 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
                          f"asked for: drop the option, or pass front='python' (or 'auto')")
     if front == "auto":
         front = "python" if python_asked else "native" if _native_builds() else "python"
+    if isinstance(device, str) or getattr(device, "name", None) == "cpu":
+        device = _cpu_device(device, front, swap)
     if trace is not None and front == "python":
         raise ValueError("torch_dtr: trace= needs the compiled front end, and the Python front end was chosen "
                          f"({', '.join(python_asked) or 'front=python, or the C++ front end cannot be built here'})")
@@ -154,6 +157,25 @@ def enable(budget: int | str | None = None, *, front: str | None = None, policy:
             raise
     _CURRENT = _LAST = s
     return s
+
+
+def _cpu_device(device: Any, front: str, swap: bool | str) -> Any:
+    """``device="cpu"``: the budget bounds the process's tensor memory (NOTE [ The CPU as a device ])."""
+    if isinstance(device, str) and device != "cpu":
+        raise ValueError(f"torch_dtr: device={device!r} is not a device torch-dtr knows by name; pass \"cpu\" (the "
+                         f"budget bounds the process's tensor memory), a torch_dtr.CudaDevice or SimulatedDevice, or "
+                         f"None (the current CUDA device where there is one)")
+    if front == "python":
+        raise ValueError("torch_dtr: device='cpu' counts the compiled front end's CPU allocator, and the Python front "
+                         "end was chosen (front='python', one of its options, or the C++ front end cannot be built "
+                         "here); drop device='cpu' (the budget then bounds what torch-dtr tracks) or use the "
+                         "compiled front end")
+    if swap and swap != "auto":
+        raise ValueError("torch_dtr: swap=True with device='cpu': the host tier's copies would be CPU memory counted "
+                         "against the same budget; drop one of them")
+    from .native.cpudevice import CpuDevice
+
+    return CpuDevice() if isinstance(device, str) else device
 
 
 def _native_builds() -> bool:
@@ -292,6 +314,8 @@ def stats(tenant: str | None = None) -> Stats:
         st = h.rt.stats()
     if not h.active and _LAST is not None and _LAST.handle is main and h is main:
         st = dataclasses.replace(st, budget_bytes=_LAST.budget)
+    if h.dev is not None and h.dev.name == "cpu":  # the allocator's own peak (NOTE [ The CPU as a device ] 5)
+        st = dataclasses.replace(st, peak_bytes=h.dev.max_allocated())
     if h is main and (h.marks or h.learned is not None):  # NOTE [ Learned budgets ] 2 (a replay: outside the lock)
         st = dataclasses.replace(st, traced_steps=h.traced_steps(), learned_budget=h.learned_budget())
     return st
@@ -306,6 +330,8 @@ def reset_peak() -> None:
     with native._core_locked(h.ext):
         h.flush()
         h.rt.reset_peak()
+        if h.dev is not None and h.dev.name == "cpu":
+            h.ext.cpu_blocks_reset_peak()
 
 
 def unwrap(t: torch.Tensor) -> torch.Tensor:

@@ -97,6 +97,7 @@ class Session:
         self.before, self.ran, self.queued = feed.before, feed.ran, feed.queued  # the kernel's per-op calls
         self.readers: dict[int, list[Op]] = feed.readers  # a constant's StorageImpl address -> recipes that read it
         self.consts: dict[int, int] = {}  # a constant's StorageImpl address -> bytes counted
+        self.foreign: dict[int, int] = {}  # of those, not the CPU allocator's blocks (NOTE [ The CPU as a device ])
         self.funcs: dict[str, Any] = {}  # "aten.mul.Tensor" -> the OpOverload (cost model misses)
         # leaves given the plain-gradient hook (by id, checked by identity), with the hook's handle: disable()
         # removes them (``unhook``), or every session would leave a hook (and itself) on every parameter
@@ -333,6 +334,8 @@ class Session:
         for key, nbytes in gone:
             if self.consts.pop(key, None) is not None:
                 self.rt.remove_constant(nbytes)
+                if self.foreign and key in self.foreign:
+                    self.dev.foreign -= self.foreign.pop(key)
             self.readers.pop(key, None)
 
     # ------------------------------------------------------------------ budgets and tenants (NOTE [ Tenants ])
@@ -400,6 +403,10 @@ class Session:
     # ------------------------------------------------------------------ helpers
     def _see(self, t: torch.Tensor, key: int, nbytes: int, where: str) -> None:
         if key not in self.consts:
+            dev = self.dev
+            if dev is not None and dev.name == "cpu" and not dev.is_block(t):  # NOTE [ The CPU as a device ] 2
+                dev.foreign += nbytes
+                self.foreign[key] = nbytes
             self.rt.add_constant(nbytes, where)
             self.consts[key] = nbytes
         seen = self.hooked.get(id(t))

@@ -1,0 +1,76 @@
+"""The CPU as a device: a budget on what the process holds in tensors, not only on what torch-dtr tracks.
+
+    torch_dtr.enable(budget="2GiB", device="cpu")   # or device=torch_dtr.CpuDevice()
+
+# NOTE [ The CPU as a device ]
+#
+# 1. Without a device, a CPU budget bounds the bytes torch-dtr tracks: managed values and the constants (parameters,
+#    inputs) that managed ops read. An optimizer's state, the gradients it reads and plain tensors lie outside it:
+#    AdamW's two moments alone are twice the parameters (the bench's GPT-2 held 412 MiB over its base under a 209 MiB
+#    budget, 178 MiB of them AdamW's state; docs/cpu-device.md).
+# 2. With ``CpuDevice`` the budget bounds what CUDA's bounds (NOTE [ Device memory ]): every block the compiled front
+#    end's CPU allocator (``Blocks``, NOTE [ Native front end ] 7) has handed out and not taken back, whoever asked
+#    (managed ops, an optimizer's update, plain code, an op's scratch memory), plus the constants made before the
+#    session (not the allocator's blocks) once a managed op reads them. The core learns what it does not track
+#    from ``usage()`` as on CUDA (``Runtime.sync``), and plain ops' fresh outputs count at once (front.cpp,
+#    ``g_count_plain`` 2: bytes as asked, no 512-byte rounding).
+# 3. So the process's resident tensor memory stays near the budget: freed blocks the allocator keeps for reuse are
+#    bounded by the most it handed out at once (rule 7 there), which the budget bounds. Not counted: the C
+#    library's own overhead, Python objects, and tensors made before the session that no managed op reads.
+# 4. The compiled front end only (the Python one does not install ``Blocks``); no host tier (its copies would be
+#    CPU memory too, counted against the same budget); no learned budgets (NOTE [ Learned budgets ] 4).
+# 5. ``stats().peak_bytes`` is the allocator's own peak since the session began (or ``reset_peak()``), plus the
+#    constants above: the core's count adds plain ops' outputs at once but learns of their deaths only at its next
+#    query, so its own peak can read above what was ever held (the GPT-2 above under 600 MiB: 708 MiB by the count,
+#    600 MiB held).
+# 6. As on CUDA, what factory ops make (``torch.zeros_like`` in an optimizer's first step: AdamW's moments) reaches
+#    the count only at its next query, after the step: the first step can pass the budget by it (warned; that much
+#    is kept free from then on, ``Runtime.headroom``). tests/test_cpu_device.py checks the steps after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..eager.device import Device
+
+
+class CpuDevice(Device):
+    """The CPU's tensor memory as a device whose count the budget bounds (NOTE [ The CPU as a device ])."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.ext: Any = None
+        self.foreign = 0  # bytes of counted constants that are not the allocator's blocks (rule 2)
+
+    def ready(self) -> None:
+        from . import NativeUnavailable, load  # noqa: PLC0415
+
+        try:
+            self.ext = load()
+        except NativeUnavailable as e:
+            raise RuntimeError(f"torch_dtr: device='cpu' counts the compiled front end's CPU allocator, which could "
+                               f"not be built here: {e}") from e
+        self.foreign = 0
+        self.ext.cpu_blocks_reset_peak()
+
+    def owns(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu"
+
+    def is_block(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s data is one of the allocator's blocks (counted in ``usage`` already)."""
+        return bool(self.ext.cpu_blocks_owns(t))
+
+    def usage(self) -> tuple[int, int]:
+        now, peak = self.ext.cpu_blocks_usage()
+        return int(now) + self.foreign, int(peak) + self.foreign
+
+    def max_allocated(self) -> int:
+        return self.usage()[1]
+
+    def reserved(self) -> int:
+        """Handed out and kept for reuse: what the allocator holds of the process's memory."""
+        return int(self.ext.cpu_blocks_usage()[0]) + int(self.ext.cpu_blocks_kept()[0]) + self.foreign
