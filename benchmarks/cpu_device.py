@@ -97,7 +97,7 @@ def main() -> None:
         count = f"{r['count'] / MiB:.1f}" if "count" in r else "-"
         over = f"{r['excess'] / MiB:.1f} MiB ({r['warned']})" if "excess" in r else "-"
         step = f"{sorted(r['times'][1:])[len(r['times'][1:]) // 2]:.2f}" if len(r["times"]) > 1 else "-"
-        same = "yes" if r["digest"] == plain["digest"] else "no"
+        same = "-" if r.get("error") else "yes" if r["digest"] == plain["digest"] else "no"
         lines.append(f"| {label} | {b} | {r['rss_over_base'] / MiB:.1f} | {count} | {over} | "
                      f"{r.get('evictions', '-')} | {r.get('remats', '-')} | {step}{err} | {same} |")
     lines += [
