@@ -4,6 +4,7 @@ a BudgetError quotes one budget (``BudgetError.budget``), the learned one where 
 
 from __future__ import annotations
 
+import io
 import pickle
 
 import pytest
@@ -139,3 +140,65 @@ def test_the_python_front_end_learns_nothing_and_says_the_op_s_need():
     with pytest.raises(torch_dtr.BudgetError) as e, torch_dtr.enable(budget=20_000, front="python"):
         step()
     assert e.value.budget is not None and "10% above what this op needs" in str(e.value)
+
+
+def _round_trip() -> list[torch.Tensor]:
+    """Two AdamW steps, then model and optimizer saved, loaded into fresh ones (the old ones still alive), and a
+    third step there: the third step holds more than the traced ones."""
+    torch.manual_seed(0)
+
+    def net_() -> torch.nn.Module:
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()) for _ in range(6)])
+
+    net = net_()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(2):
+        loss = net(torch.randn(512, 64)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    buf = io.BytesIO()
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    torch.manual_seed(1)
+    net2 = net_()
+    net2.load_state_dict(state["model"])
+    opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-2)
+    opt2.load_state_dict(state["opt"])
+    x = torch.randn(2048, 64)  # a larger batch too
+    loss = net2(x).square().mean()
+    loss.backward()
+    opt2.step()
+    losses.append(float(loss.detach()))
+    return [torch.tensor(losses), *(p.detach().clone() for p in net2.parameters())]
+
+
+def test_a_peak_that_rises_after_the_traced_steps_is_added_to_the_learned_budget(monkeypatch):
+    # NOTE [ Learned budgets ] 5
+    want = _round_trip()
+    with torch_dtr.enable():
+        _round_trip()
+    st = torch_dtr.stats()
+    assert st.traced_steps == 2 and st.learned_budget is not None
+    with torch_dtr.enable(budget=st.learned_budget):
+        got = _round_trip()
+        at = torch_dtr.stats()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert at.evictions > 0 and at.peak_bytes <= st.learned_budget
+    # without rule 5, what the traced steps alone need does not train the third step
+    stop = native_session.Session._stop_learning
+
+    def forget(self):
+        stop(self)
+        self._peak_learned = None
+
+    monkeypatch.setattr(native_session.Session, "_stop_learning", forget)
+    with torch_dtr.enable():
+        _round_trip()
+    alone = torch_dtr.stats().learned_budget
+    assert alone < st.learned_budget
+    with pytest.raises(torch_dtr.BudgetError), torch_dtr.enable(budget=alone):
+        _round_trip()

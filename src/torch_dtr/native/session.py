@@ -46,6 +46,11 @@ from ..eager.front import EVICT_MINIMUM
 #    keeps a row): 5-13 us per managed op on a 2-core CPU (2026-11-29, ``python benchmarks/learn_cost.py``: two
 #    steps of an LSTM-cell loop 1.54x, of a small MLP 1.28x; nothing measurable where ops take milliseconds);
 #    ``learn=False`` where that matters.
+# 5. After the traced steps a program may hold more (a second model loaded from a checkpoint, longer sequences):
+#    without a budget, what its peak rose by since learning stopped is added to the learned budget, read when
+#    asked (``stats()``, a BudgetError). So the budget covers what the traced steps need plus that rise (the
+#    hostile programs' state-dict round trip: docs/learned-budgets.md); not where the later steps need more room
+#    than their peak rose by.
 
 LEARN_STEPS = 2
 LEARN_ROWS = 100_000
@@ -84,6 +89,7 @@ class Session:
         self.marks: list[int] = []
         self.learned: Any = None
         self._smallest: tuple[int, int] | None = None
+        self._peak_learned: int | None = None  # the peak when learning stopped, without a budget (rule 5)
         self._failed = False  # a BudgetError was raised (what was traced then is not a whole run: rule 1)
         self._traced_calls: Any = None
         self.froze = False  # enable() froze the garbage collector's older objects (thawed by disable())
@@ -204,6 +210,8 @@ class Session:
     def _stop_learning(self) -> None:
         w = self.learner
         w.rows = None
+        if self.rt.budget is None and self._peak_learned is None:
+            self._peak_learned = self.rt.memory.peak  # rule 5
         if self.trace is w and w.file is None:  # tracing only to learn: the untraced per-op path again
             feed = self.feed
             self.trace = None
@@ -231,7 +239,10 @@ class Session:
             return None
         if self._smallest is None or self._smallest[0] != len(tr.rows):
             self._smallest = (len(tr.rows), learned_budget(tr))
-        return self._smallest[1]
+        n = self._smallest[1]
+        if n is not None and not so_far and self._peak_learned is not None and self.rt.budget is None:
+            n += max(0, self.rt.memory.peak - self._peak_learned)  # rule 5: the peak rose after the traced steps
+        return n
 
     def _advise(self, n: int) -> tuple[int, str] | None:
         """The budget a BudgetError quotes (rule 3; the core's ``Runtime.advise``), given the core's own ``n``."""
