@@ -63,6 +63,27 @@ def test_a_script_trains_unchanged_and_bitwise_at_the_budget_its_run_without_one
     assert _dtr("run", "--budget", budget, str(script), str(tmp_path / "x.pt"), "3").returncode == 3  # its exit code
 
 
+def test_device_cpu_bounds_all_cpu_tensor_memory_at_75_of_its_count_bitwise(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.pt")], capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert plain.returncode == 0, plain.stderr
+    free = _dtr("run", "--device", "cpu", str(script), str(tmp_path / "free.pt"))
+    assert free.returncode == 0, free.stderr
+    whole = _mib(free.stderr, r"peak \(all CPU tensor memory\)")
+    tracked = _mib(_dtr("run", str(script), str(tmp_path / "t.pt")).stderr, "tracked peak")
+    assert whole > tracked  # AdamW's moments and the gradients are counted too
+    budget = int(whole * 0.75 * 2**20)
+    p = _dtr("run", "--budget", str(budget), "--device", "cpu", str(script), str(tmp_path / "dtr.pt"))
+    assert p.returncode == 0, p.stderr
+    assert int(re.search(r"(\d+) evictions", p.stderr).group(1)) > 0
+    want, got = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "dtr.pt")
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    p = _dtr("run", "--device", "gpu", str(script))
+    assert p.returncode == 2 and "invalid choice: 'gpu'" in p.stderr
+
+
 def test_mistakes_get_one_line_and_a_budget_error_its_message(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   "only when the device runs out of memory)")
     u.add_argument("--swap", action="store_true", help="a host-memory tier for evicted values")
     u.add_argument("--policy", default=None, help="the eviction policy (default: dtr_comp)")
+    u.add_argument("--device", choices=("cpu",), default=None,
+                   help="cpu: the budget bounds all the process's CPU tensor memory, optimizer state included "
+                        "(default: on the CPU, what torch-dtr tracks; on CUDA, the device's allocator)")
     d = sub.add_parser("demo", help="train GPT-2 under budgets and compare memory and time with plain PyTorch")
     d.add_argument("--ratios", type=_ratios, default=(0.5, 0.3),
                    help="budgets as fractions of the unconstrained peak (default 0.5,0.3)")
@@ -171,7 +174,8 @@ def _run(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] |
                 p.error(f"--policy: {e}")
         from .runner import run_script
 
-        return run_script(args.script, args.args, args.budget, swap=args.swap, policy=args.policy)
+        return run_script(args.script, args.args, args.budget, swap=args.swap, policy=args.policy,
+                          device=args.device)
     if args.cmd == "simulate":
         from .sim.command import main as simulate
 

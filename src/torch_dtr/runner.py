@@ -36,8 +36,9 @@ def run_main(script: str, argv: list[str], stop: type[BaseException] | None = No
 
 
 def run_script(script: str, argv: list[str], budget: str | None = None, *, swap: bool = False,
-               policy: str | None = None) -> int:
-    """Run ``script`` with ``sys.argv = [script, *argv]`` under ``torch_dtr.enable(budget, swap=..., policy=...)``;
+               policy: str | None = None, device: str | None = None) -> int:
+    """Run ``script`` with ``sys.argv = [script, *argv]`` under ``torch_dtr.enable(budget, swap=..., policy=...,
+    device=...)``;
     returns the exit code the script would have had (1 after a ``BudgetError``, whose message is printed). Prints
     a summary of the session to stderr at exit."""
     from . import api
@@ -57,9 +58,14 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
     regions = sys.modules.get("torch_dtr.inductor.region")  # (imported only once dynamo compiles: ~2 s)
     regions_before = regions.made() if regions is not None else 0
     t0 = time.perf_counter()
-    session = api.enable(nbytes, swap=swap, policy=policy or DEFAULT_POLICY)
+    try:
+        session = api.enable(nbytes, swap=swap, policy=policy or DEFAULT_POLICY, device=device)
+    except (ValueError, RuntimeError) as e:  # an option this machine or front end cannot honour
+        print(f"torch-dtr run: {e}", file=sys.stderr)
+        return 2
     rt = api.runtime()
-    rt.fix = f"torch-dtr run --budget {{n}} {shlex.quote(script)}"  # what a BudgetError says to run next
+    on = " --device cpu" if device else ""
+    rt.fix = f"torch-dtr run --budget {{n}}{on} {shlex.quote(script)}"  # what a BudgetError says to run next
     try:
         code = run_main(script, argv)
     except BudgetError as e:
@@ -73,12 +79,13 @@ def run_script(script: str, argv: list[str], budget: str | None = None, *, swap:
         st = api.stats() if report else None  # (after disable(): what it learned includes the whole run)
         if st is not None:
             kept = "no budget" if nbytes is None else f"budget {fmt_bytes(nbytes)}"
+            peak = "peak (all CPU tensor memory)" if device else "tracked peak"
             learned = ""
             if st.learned_budget is not None and mine:
                 what = f"its first {st.traced_steps} optimizer steps" if st.traced_steps else "what it ran"
                 learned = (f"; learned budget {fmt_bytes(st.learned_budget)}, at which {what} replay: torch-dtr "
                            f"run --budget {st.learned_budget} {shlex.quote(script)}")
-            print(f"torch-dtr run: {script}: {took:.1f} s, {api.front() or 'no'} front end; tracked peak "
+            print(f"torch-dtr run: {script}: {took:.1f} s, {api.front() or 'no'} front end; {peak} "
                   f"{fmt_bytes(st.peak_bytes)} ({kept}); {st.evictions} evictions, {st.rematerializations} "
                   f"recomputations ({st.remat_seconds:.2f} s); single-op floor {fmt_bytes(st.floor_bytes)}{learned}",
                   file=sys.stderr)
