@@ -57,7 +57,7 @@ out["rss_over_base"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 if mode != "plain":
     st = torch_dtr.stats()
     out |= {"count": st.peak_bytes, "excess": st.excess_bytes, "evictions": st.evictions,
-            "remats": st.rematerializations}
+            "remats": st.rematerializations, "retries": st.oom_retries}
     torch_dtr.disable()
 out["digest"] = workloads.digest(model)
 print(json.dumps(out))
@@ -90,7 +90,7 @@ def row(label: str, b: str, r: dict, plain: dict) -> str:
         return f"| {label} | {b} | - | - | - | - | - | - | {r['error']} |"
     err = f" (stopped: {r['error']})" if r.get("error") else ""
     count = f"{r['count'] / MiB:.1f}" if "count" in r else "-"
-    over = f"{r['excess'] / MiB:.1f} MiB ({r['warned']})" if "excess" in r else "-"
+    over = f"{r['excess'] / MiB:.1f} MiB ({r['warned']}), {r['retries']}" if "excess" in r else "-"
     later = r["times"][1:]
     step = f"{sorted(later)[len(later) // 2]:.2f}" if later else "-"
     same = "-" if r.get("error") else "yes" if r["digest"] == plain["digest"] else "no"
@@ -125,7 +125,7 @@ def main() -> None:
             r = run(name, "cpu", tracked_budget)
             rows.append(row("device='cpu', 560 MiB", f"{tracked_budget / MiB:.1f} MiB", r, plain))
         lines += ["", f"## {name}: {what}", "",
-                  "| contender | budget | RSS over base (MiB) | count's peak (MiB) | passed by (warned) | evictions | "
+                  "| contender | budget | RSS over base (MiB) | count's peak (MiB) | passed by (warned), refused | evictions | "
                   "recomputations | step (s) | bitwise with plain |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows]
     lines += [
@@ -134,9 +134,9 @@ def main() -> None:
         "moments (twice the parameters), the gradients and plain temporaries lie outside it, so the process holds "
         "more than the budget over its base. With `device=\"cpu\"` the budget bounds all of it; the smallest budget is "
         "then set by the optimizer's step (parameters, gradients, moments and the foreach update's temporaries at "
-        "once) as often as by the activations. *Passed by*: the count's most above the budget, in the first step "
-        "(AdamW's moments are made by factory ops, which the count learns of at its next query; a kernel's scratch "
-        "memory on its first call): NOTE [ The CPU as a device ] 6. RSS also holds what no tensor count sees: the "
+        "once) as often as by the activations. *Passed by*: what the runtime's count found the allocator's above the "
+        "budget at a query (warned); *refused*: blocks the allocator refused at the budget, each op then evicting "
+        "and running again (NOTE [ The CPU as a device ] 6-7). RSS also holds what no tensor count sees: the "
         "C library's small blocks and Python's objects, among them torch-dtr's records of the ops a step ran (the LSTM "
         "loop runs about 7,000 a step and recomputes thousands at these budgets).",
     ]

@@ -331,7 +331,7 @@ def reset_peak() -> None:
         h.flush()
         h.rt.reset_peak()
         if h.dev is not None and h.dev.name == "cpu":
-            h.ext.cpu_blocks_reset_peak()
+            h.dev.reset_peak()
 
 
 def unwrap(t: torch.Tensor) -> torch.Tensor:

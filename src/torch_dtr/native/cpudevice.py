@@ -21,13 +21,20 @@
 #    0.97-0.99x on a transformer encoder, 1.18-1.21x on the LSTM loop (7,000 ops a step, thousands recomputed).
 # 4. The compiled front end only (the Python one does not install ``Blocks``); no host tier (its copies would be
 #    CPU memory too, counted against the same budget); no learned budgets (NOTE [ Learned budgets ] 4).
-# 5. ``stats().peak_bytes`` is the allocator's own peak since the session began (or ``reset_peak()``), plus the
-#    constants above: the core's count adds plain ops' outputs at once but learns of their deaths only at its next
-#    query, so its own peak can read above what was ever held (the GPT-2 above under 600 MiB: 708 MiB by the count,
-#    600 MiB held).
-# 6. As on CUDA, what factory ops make (``torch.zeros_like`` in an optimizer's first step: AdamW's moments) reaches
-#    the count only at its next query, after the step: the first step can pass the budget by it (warned; that much
-#    is kept free from then on, ``Runtime.headroom``). tests/test_cpu_device.py checks the steps after it.
+# 5. ``stats().peak_bytes`` is the most counted at once since the session began (or ``reset_peak()``): the
+#    allocator's own peak, closed each time the constants beside it change (``add_foreign``). The core's own count
+#    adds plain ops' outputs at once but learns of their deaths only at its next query, so its peak can read above
+#    what was ever held (the bench's GPT-2 under 600 MiB: 708 MiB by the core's count, 600 MiB held).
+# 6. As on CUDA, what factory ops make (``torch.zeros_like`` in an optimizer's first step: AdamW's moments) and an
+#    op's scratch memory reach the core's count only at its next query: alone, the count would let the first step
+#    pass the budget by them (warned; kept free from then on, ``Runtime.headroom``). Rule 7 refuses it instead.
+# 7. So the allocator's capacity is the budget less those constants (``cap``; lifted by ``disable()``): a block
+#    beyond it raises PyTorch's OutOfMemoryError inside the op, and the op evicts and runs again, as on an
+#    out-of-memory on CUDA (NOTE [ Native front end ] 8; ``stats().oom_retries``). With it, what rule 6 lets pass
+#    is refused: the bench's GPT-2 at 60% of its count held 523.9 MiB of a 523.9 MiB budget (532.3 without the
+#    capacity), a transformer encoder at 60% 1,216.9 of 1,217.3 MiB (1,256.4 without), for 9 and 42 retries. A
+#    block asked for outside an op that can run again (a plain random op, Python code between ops) raises the
+#    OutOfMemoryError to the program, naming the capacity.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class CpuDevice(Device):
     def __init__(self) -> None:
         self.ext: Any = None
         self.foreign = 0  # bytes of counted constants that are not the allocator's blocks (rule 2)
+        self.budget: int | None = None  # what the allocator's capacity follows (rule 7)
+        self._peak = 0  # the most counted (blocks and those constants) up to the last change of ``foreign``
 
     def ready(self) -> None:
         from . import NativeUnavailable, load  # noqa: PLC0415
@@ -57,7 +66,30 @@ class CpuDevice(Device):
             raise RuntimeError(f"torch_dtr: device='cpu' counts the compiled front end's CPU allocator, which could "
                                f"not be built here: {e}") from e
         self.foreign = 0
+        self.reset_peak()
+
+    def reset_peak(self) -> None:
+        self._peak = 0
         self.ext.cpu_blocks_reset_peak()
+
+    def add_foreign(self, nbytes: int) -> None:
+        """Constants beside the blocks were counted (``nbytes`` > 0) or died: the peak so far is closed at the old
+        count (the allocator's own peak starts again), and the capacity follows (rule 7)."""
+        _, peak = self.ext.cpu_blocks_usage()
+        self._peak = max(self._peak, int(peak) + self.foreign)
+        self.ext.cpu_blocks_reset_peak()
+        self.foreign += nbytes
+        self.recap()
+
+    def cap(self, budget: int | None) -> None:
+        """Rule 7: the allocator refuses a block that would take its count past ``budget`` (None: no capacity)."""
+        self.budget = budget
+        self.recap()
+
+    def recap(self) -> None:
+        """The capacity again, after the constants counted beside the blocks changed."""
+        if self.ext is not None:
+            self.ext.cpu_blocks_capacity(-1 if self.budget is None else max(0, self.budget - self.foreign))
 
     def owns(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu"
@@ -68,7 +100,7 @@ class CpuDevice(Device):
 
     def usage(self) -> tuple[int, int]:
         now, peak = self.ext.cpu_blocks_usage()
-        return int(now) + self.foreign, int(peak) + self.foreign
+        return int(now) + self.foreign, max(self._peak, int(peak) + self.foreign)
 
     def max_allocated(self) -> int:
         return self.usage()[1]

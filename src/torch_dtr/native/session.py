@@ -346,7 +346,7 @@ class Session:
             if self.consts.pop(key, None) is not None:
                 self.rt.remove_constant(nbytes)
                 if self.foreign and key in self.foreign:
-                    self.dev.foreign -= self.foreign.pop(key)
+                    self.dev.add_foreign(-self.foreign.pop(key))
             self.readers.pop(key, None)
 
     # ------------------------------------------------------------------ budgets and tenants (NOTE [ Tenants ])
@@ -356,6 +356,8 @@ class Session:
             self.flush()
             self.rt.set_budget(nbytes)
             self.ext.set_budget(self.epoch, -1 if nbytes is None else nbytes)
+            if self.dev is not None and self.dev.name == "cpu" and self.session is None:  # The CPU as a device 7
+                self.dev.cap(nbytes)
 
     def spawn(self) -> Session:
         """A tenant of this session, running: its options, its own core; its host tier shares this session's host
@@ -386,6 +388,8 @@ class Session:
         for s in family:
             s.unhook()
             s.rt.set_budget(None)
+        if self.dev is not None and self.dev.name == "cpu":  # NOTE [ The CPU as a device ] 7
+            self.dev.cap(None)
 
     def trace_to(self, writer: Any) -> None:
         """Write every call this session makes into the core to ``writer`` (NOTE [ Traces ] in sim/trace.py); before
@@ -416,7 +420,7 @@ class Session:
         if key not in self.consts:
             dev = self.dev
             if dev is not None and dev.name == "cpu" and not dev.is_block(t):  # NOTE [ The CPU as a device ] 2
-                dev.foreign += nbytes
+                dev.add_foreign(nbytes)
                 self.foreign[key] = nbytes
             self.rt.add_constant(nbytes, where)
             self.consts[key] = nbytes
