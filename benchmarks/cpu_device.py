@@ -125,8 +125,8 @@ def main() -> None:
             r = run(name, "cpu", tracked_budget)
             rows.append(row("device='cpu', 560 MiB", f"{tracked_budget / MiB:.1f} MiB", r, plain))
         lines += ["", f"## {name}: {what}", "",
-                  "| contender | budget | RSS over base (MiB) | count's peak (MiB) | passed by (warned), refused | evictions | "
-                  "recomputations | step (s) | bitwise with plain |",
+                  "| contender | budget | RSS over base (MiB) | count's peak (MiB) | passed by (warned), refused | "
+                  "evictions | recomputations | step (s) | bitwise with plain |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows]
     lines += [
         "",

@@ -18,7 +18,7 @@
 #    bounded by the most it handed out at once (rule 7 there), which the budget bounds. Not counted: the C
 #    library's own overhead, Python objects (the runtime's records among them), and tensors made before the session
 #    that no managed op reads. Measured (docs/cpu-device.md): RSS over the base 0.93x the budget on the bench's GPT-2,
-#    0.97-0.99x on a transformer encoder, 1.18-1.21x on the LSTM loop (7,000 ops a step, thousands recomputed).
+#    0.97-1.00x on a transformer encoder, 1.18-1.21x on the LSTM loop (7,000 ops a step, thousands recomputed).
 # 4. The compiled front end only (the Python one does not install ``Blocks``); no host tier (its copies would be
 #    CPU memory too, counted against the same budget); no learned budgets (NOTE [ Learned budgets ] 4).
 # 5. ``stats().peak_bytes`` is the most counted at once since the session began (or ``reset_peak()``): the
@@ -30,11 +30,11 @@
 #    pass the budget by them (warned; kept free from then on, ``Runtime.headroom``). Rule 7 refuses it instead.
 # 7. So the allocator's capacity is the budget less those constants (``cap``; lifted by ``disable()``): a block
 #    beyond it raises PyTorch's OutOfMemoryError inside the op, and the op evicts and runs again, as on an
-#    out-of-memory on CUDA (NOTE [ Native front end ] 8; ``stats().oom_retries``). With it, what rule 6 lets pass
-#    is refused: the bench's GPT-2 at 60% of its count held 523.9 MiB of a 523.9 MiB budget (532.3 without the
-#    capacity), a transformer encoder at 60% 1,216.9 of 1,217.3 MiB (1,256.4 without), for 9 and 42 retries. A
-#    block asked for outside an op that can run again (a plain random op, Python code between ops) raises the
-#    OutOfMemoryError to the program, naming the capacity.
+#    out-of-memory on CUDA (NOTE [ Native front end ] 8; ``stats().oom_retries``). A constant is counted after the
+#    room for it is made (``Session._see``). With it no budget of docs/cpu-device.md was passed (by 8.4-48.3 MiB in
+#    first steps without it), for 0-12 refusals, and a transformer encoder that raised a BudgetError under 560 MiB
+#    without it trains there. A block asked for outside an op that can run again (a plain random op, Python code
+#    between ops) raises the OutOfMemoryError to the program, naming the capacity.
 """
 
 from __future__ import annotations

@@ -418,12 +418,12 @@ class Session:
     # ------------------------------------------------------------------ helpers
     def _see(self, t: torch.Tensor, key: int, nbytes: int, where: str) -> None:
         if key not in self.consts:
+            self.rt.add_constant(nbytes, where)  # (room made first: then the device's count takes it)
+            self.consts[key] = nbytes
             dev = self.dev
             if dev is not None and dev.name == "cpu" and not dev.is_block(t):  # NOTE [ The CPU as a device ] 2
                 dev.add_foreign(nbytes)
                 self.foreign[key] = nbytes
-            self.rt.add_constant(nbytes, where)
-            self.consts[key] = nbytes
         seen = self.hooked.get(id(t))
         if t.requires_grad and t.is_leaf and (seen is None or seen[0]() is not t):  # (an id is reused after a death)
             # gradients accumulated into a plain leaf come back plain (NOTE [ Managed vs constant ] 4)
