@@ -94,3 +94,57 @@ def test_device_cpu_refuses_what_it_cannot_keep_with_a_clear_error():
     with pytest.raises(ValueError, match="host tier"):
         torch_dtr.enable("1GiB", device="cpu", swap=True)
     assert not torch_dtr.enabled()
+
+
+def test_device_cpu_with_a_compiled_model_at_90_of_its_count_lifts_the_capacity_and_stays_within_5_percent():
+    # NOTE [ The CPU as a device ] 8: compiled kernels allocate outside any op the session can run again; with the
+    # capacity on they raised OutOfMemoryError here
+    pytest.importorskip("torch_dtr.inductor")
+
+    def run(budget):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU())
+                                      for _ in range(3)])
+        opt = torch.optim.AdamW(model.parameters())
+        run = torch.compile(model)
+        xs = [torch.randn(2048, 256) for _ in range(4)]
+        s = torch_dtr.enable(budget, device="cpu")
+        try:
+            for i, x in enumerate(xs):
+                if i == 2:  # the steady steps: AdamW's state exists and the region's plan has settled (as
+                    torch_dtr.reset_peak()  # tests/inductor/test_regions.py measures them)
+                run(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            torch_dtr.disable()
+            torch._dynamo.reset()
+        return s.handle.dev
+
+    whole = run(None).max_allocated()
+    budget = int(whole * 0.9)
+    dev = run(budget)
+    assert dev.soft and dev.max_allocated() <= budget * 1.05, (dev.max_allocated(), budget, whole)
+
+
+def test_device_cpu_capacity_binds_the_sessions_thread_and_not_a_thread_left_unattached():
+    # NOTE [ The CPU as a device ] 7: a thread not attach()ed allocates as without torch-dtr
+    import threading
+
+    torch_dtr.enable("8MiB", device="cpu")
+    got: dict = {}
+
+    def work():
+        try:
+            got["sum"] = float(torch.ones(4 << 20).sum())  # 16 MiB, twice the budget (freed before it returns)
+        except Exception as e:  # (reported below)
+            got["e"] = e
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    assert got == {"sum": 4 << 20}
+    # in the session's thread a factory is no op that can evict and run again: the capacity's error, named
+    with pytest.raises(torch.OutOfMemoryError, match="device='cpu'"):
+        torch.ones(4 << 20)

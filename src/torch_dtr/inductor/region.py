@@ -29,6 +29,9 @@ _MADE = itertools.count(1)
 _made = [0]
 
 
+CALLED: list[Callable[[], None]] = []  # told whenever any region runs (NOTE [ The CPU as a device ] 8)
+
+
 def made() -> int:
     """How many regions were made in this process so far."""
     return _made[0]
@@ -56,6 +59,10 @@ class Env:
 
     def prepare(self, args: Sequence[Any]) -> None:
         """Before the compiled kernels read ``args``."""
+
+    def made_region(self) -> None:
+        """A region was made: its kernels (forward and backward) will allocate outside any op the session can run
+        again."""
 
 
 def _windows(env: Env) -> None:
@@ -89,8 +96,11 @@ class Region:
         self.eager_said = False
         _made[0] += 1
         REGIONS.add(self)
+        env.made_region()
 
     def __call__(self, *args: Any) -> Any:
+        for f in CALLED:
+            f()
         env = self.env
         if not env.active():
             if self.fn is None:

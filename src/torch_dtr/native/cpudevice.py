@@ -34,11 +34,19 @@
 #    room for it is made (``Session._see``). With it no budget of docs/cpu-device.md was passed (by 8.4-48.3 MiB in
 #    first steps without it), for 0-12 refusals, and a transformer encoder that raised a BudgetError under 560 MiB
 #    without it trains there. A block asked for outside an op that can run again (a plain random op, Python code
-#    between ops) raises the OutOfMemoryError to the program, naming the capacity.
+#    between ops) raises the OutOfMemoryError to the program, naming the capacity. It binds only the threads whose
+#    ops the session manages (front.cpp, ``g_blocks_cap_session``): a thread not ``attach()``ed allocates as
+#    without torch-dtr, its blocks counted (rule 2).
+# 8. Compiled regions (torch.compile with inductor) allocate in their kernels, forward and backward, outside any op
+#    the session can run again: once a region is made under the session, the capacity is lifted for the rest of it
+#    (``soften``), and the region's plan keeps its memory within the budget (NOTE [ Compiled regions under a
+#    budget ], with the constants above in its measured peaks), as rule 6 counts the rest. So does a region made
+#    before the session when it first runs in it (dynamo reuses its code for a new module; ``region.CALLED``).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -56,6 +64,7 @@ class CpuDevice(Device):
         self.foreign = 0  # bytes of counted constants that are not the allocator's blocks (rule 2)
         self.budget: int | None = None  # what the allocator's capacity follows (rule 7)
         self._peak = 0  # the most counted (blocks and those constants) up to the last change of ``foreign``
+        self.soft = False  # a compiled region was made: no capacity from then on (rule 8)
 
     def ready(self) -> None:
         from . import NativeUnavailable, load  # noqa: PLC0415
@@ -66,6 +75,7 @@ class CpuDevice(Device):
             raise RuntimeError(f"torch_dtr: device='cpu' counts the compiled front end's CPU allocator, which could "
                                f"not be built here: {e}") from e
         self.foreign = 0
+        self.soft = False
         self.reset_peak()
 
     def reset_peak(self) -> None:
@@ -84,12 +94,26 @@ class CpuDevice(Device):
     def cap(self, budget: int | None) -> None:
         """Rule 7: the allocator refuses a block that would take its count past ``budget`` (None: no capacity)."""
         self.budget = budget
+        region = sys.modules.get("torch_dtr.inductor.region")  # regions made before may run in this session
+        if region is not None:
+            if budget is not None and self.soften not in region.CALLED:
+                region.CALLED.append(self.soften)
+            elif budget is None and self.soften in region.CALLED:
+                region.CALLED.remove(self.soften)
         self.recap()
 
     def recap(self) -> None:
         """The capacity again, after the constants counted beside the blocks changed."""
         if self.ext is not None:
-            self.ext.cpu_blocks_capacity(-1 if self.budget is None else max(0, self.budget - self.foreign))
+            off = self.budget is None or self.soft
+            n = -1 if off else max(0, self.budget - self.foreign)  # type: ignore[operator]
+            self.ext.cpu_blocks_capacity(n, session_only=True)
+
+    def soften(self) -> None:
+        """Rule 8: no capacity for the rest of the session (a compiled region was made or runs)."""
+        if not self.soft and self.budget is not None:
+            self.soft = True
+            self.recap()
 
     def owns(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu"

@@ -399,6 +399,10 @@ at::Tensor make_handle(const at::Tensor& t, c10::intrusive_ptr<Buffer> b) {
 // A capacity (tests: `cpu_blocks_capacity`) makes an allocation that would pass it raise c10's OutOfMemoryError,
 // worded as CUDA's allocator words it, so that out-of-memory retries run on the CPU.
 std::atomic<int64_t> g_blocks_now{0}, g_blocks_peak{0}, g_blocks_capacity{-1};
+// the capacity binds only threads whose ops a session manages, and the ops it runs (the CPU device: NOTE [ The CPU
+// as a device ] 7 in cpudevice.py): a thread not attached to the session allocates as without torch-dtr
+std::atomic<bool> g_blocks_cap_session{false};
+bool attached();
 // a second peak, read and restarted by compiled regions' plans (`cpu_blocks_mark`), apart from the one users reset
 std::atomic<int64_t> g_blocks_mark{0};
 
@@ -487,10 +491,14 @@ struct Blocks final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const int64_t cap = g_blocks_capacity.load(std::memory_order_relaxed);
     if (cap >= 0 && g_blocks_now.load(std::memory_order_relaxed) + static_cast<int64_t>(n) > cap) {
-      char what[160];
-      std::snprintf(what, sizeof what, "CPU blocks out of memory. Tried to allocate %.2f MiB (capacity %lld B)",
-                    static_cast<double>(n) / (1 << 20), static_cast<long long>(cap));
-      TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+      const bool session = g_blocks_cap_session.load(std::memory_order_relaxed);
+      if (!session || g_depth > 0 || attached()) {
+        char what[240];
+        std::snprintf(what, sizeof what, "CPU blocks out of memory. Tried to allocate %.2f MiB (capacity %lld B%s)",
+                      static_cast<double>(n) / (1 << 20), static_cast<long long>(cap),
+                      session ? ": torch_dtr.enable(device='cpu')'s budget less the constants counted beside it" : "");
+        TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+      }
     }
     void* raw = n >= kept::kLeast ? kept::take(n, g_blocks_now.load(std::memory_order_relaxed)) : nullptr;
     if (!raw) {
@@ -544,7 +552,10 @@ int64_t cpu_blocks_mark() { return g_blocks_mark.exchange(g_blocks_now.load()); 
 
 void cpu_blocks_reset_peak() { g_blocks_peak.store(g_blocks_now.load()); }
 
-void cpu_blocks_capacity(int64_t n) { g_blocks_capacity.store(n); }  // -1: none
+void cpu_blocks_capacity(int64_t n, bool session_only) {  // -1: none
+  g_blocks_cap_session.store(session_only);
+  g_blocks_capacity.store(n);
+}
 
 // the kept blocks go back to the C library; the peak that bounds them starts again from what is in use
 void cpu_blocks_empty() { kept::empty(cpu_blocks_on(), g_blocks_now.load()); }
@@ -2413,7 +2424,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_blocks_owns", &cpu_blocks_owns);
   m.def("cpu_blocks_mark", &cpu_blocks_mark);
   m.def("cpu_blocks_reset_peak", &cpu_blocks_reset_peak);
-  m.def("cpu_blocks_capacity", &cpu_blocks_capacity);
+  m.def("cpu_blocks_capacity", &cpu_blocks_capacity, py::arg("n"), py::arg("session_only") = false);
   m.def("cpu_blocks_empty", &cpu_blocks_empty);
   m.def("cpu_blocks_kept", &cpu_blocks_kept);
 }

@@ -142,9 +142,17 @@ class _SessionEnv:
         return int(ext.cpu_blocks_usage()[0]) + before
 
     def mark(self) -> int | None:
-        if self.s.dev is not None and str(self.s.dev.name).startswith("cuda"):
+        dev = self.s.dev
+        if dev is not None and str(dev.name).startswith("cuda"):
             return None  # not measured on CUDA (its one peak is the user's to reset)
-        return int(self.s.ext.cpu_blocks_mark()) + (0 if self.s.dev is not None else self.before)
+        if dev is not None:  # the CPU device counts its constants beside the blocks (NOTE [ The CPU as a device ])
+            return int(self.s.ext.cpu_blocks_mark()) + int(getattr(dev, "foreign", 0))
+        return int(self.s.ext.cpu_blocks_mark()) + self.before
+
+    def made_region(self) -> None:
+        dev = self.s.dev
+        if dev is not None and dev.name == "cpu":
+            dev.soften()  # NOTE [ The CPU as a device ] 8
 
     def sync(self, args: Sequence[Any]) -> None:
         """Before a region runs eagerly: what the runtime does not count (plain values such as an optimizer's
