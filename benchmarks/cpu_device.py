@@ -137,8 +137,8 @@ def main() -> None:
         "once) as often as by the activations. *Passed by*: what the runtime's count found the allocator's above the "
         "budget at a query (warned); *refused*: blocks the allocator refused at the budget, each op then evicting "
         "and running again (NOTE [ The CPU as a device ] 6-7). RSS also holds what no tensor count sees: the "
-        "C library's small blocks and Python's objects, among them torch-dtr's records of the ops a step ran (the LSTM "
-        "loop runs about 7,000 a step and recomputes thousands at these budgets).",
+        "C heap (torch-dtr's C++ recipes of the ops a step ran: the LSTM loop runs about 7,000 a step), a page of "
+        "rounding on each mmapped block, and blocks taken before a step's constants were counted.",
     ]
     out = Path(__file__).resolve().parent.parent / "docs" / "cpu-device.md"
     out.write_text("\n".join(lines).replace("(TOTAL)", f"({time.perf_counter() - t0:.0f} s)") + "\n")

@@ -15,10 +15,11 @@
 #    from ``usage()`` as on CUDA (``Runtime.sync``), and plain ops' fresh outputs count at once (front.cpp,
 #    ``g_count_plain`` 2: bytes as asked, no 512-byte rounding).
 # 3. So the process's resident tensor memory stays near the budget: freed blocks the allocator keeps for reuse are
-#    bounded by the most it handed out at once (rule 7 there), which the budget bounds. Not counted: the C
-#    library's own overhead, Python objects (the runtime's records among them), and tensors made before the session
-#    that no managed op reads. Measured (docs/cpu-device.md): RSS over the base 0.93x the budget on the bench's GPT-2,
-#    0.97-1.00x on a transformer encoder, 1.18-1.21x on the LSTM loop (7,000 ops a step, thousands recomputed).
+#    bounded by the most it handed out at once (rule 7 there), which the budget bounds. Not counted: the C heap
+#    (the kernel's recipes: 8.6 MiB more than plain PyTorch's over one forward of the LSTM loop, 7,000 ops a step;
+#    Python objects 1.3 MiB), a page of rounding per mmapped block, and tensors made before the session that no
+#    managed op reads. Measured (docs/cpu-device.md): RSS over the base 0.93x the budget on the bench's GPT-2,
+#    0.97-1.00x on a transformer encoder, 1.18-1.21x on the LSTM loop.
 # 4. The compiled front end only (the Python one does not install ``Blocks``); no host tier (its copies would be
 #    CPU memory too, counted against the same budget); no learned budgets (NOTE [ Learned budgets ] 4).
 # 5. ``stats().peak_bytes`` is the most counted at once since the session began (or ``reset_peak()``): the
