@@ -34,6 +34,16 @@ def _dtr(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+def _plain(tmp_path) -> object:
+    """SCRIPT written to tmp_path/train.py and run plainly once (its parameters in tmp_path/plain.pt)."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.pt")], capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert plain.returncode == 0, plain.stderr
+    return script
+
+
 def _mib(text: str, what: str) -> float:
     m = re.search(what + r" ([\d.]+) (KiB|MiB)", text)
     assert m, text
@@ -41,11 +51,7 @@ def _mib(text: str, what: str) -> float:
 
 
 def test_a_script_trains_unchanged_and_bitwise_at_the_budget_its_run_without_one_printed(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.pt")], capture_output=True, text=True,
-                           timeout=600, check=False)
-    assert plain.returncode == 0, plain.stderr
+    script = _plain(tmp_path)
     free = _dtr("run", str(script), str(tmp_path / "free.pt"))
     assert free.returncode == 0, free.stderr
     peak = _mib(free.stderr, "tracked peak")
@@ -64,11 +70,7 @@ def test_a_script_trains_unchanged_and_bitwise_at_the_budget_its_run_without_one
 
 
 def test_device_cpu_bounds_all_cpu_tensor_memory_at_75_of_its_count_bitwise(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.pt")], capture_output=True, text=True,
-                           timeout=600, check=False)
-    assert plain.returncode == 0, plain.stderr
+    script = _plain(tmp_path)
     free = _dtr("run", "--device", "cpu", str(script), str(tmp_path / "free.pt"))
     assert free.returncode == 0, free.stderr
     whole = _mib(free.stderr, r"peak \(all CPU tensor memory\)")

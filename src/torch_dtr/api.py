@@ -314,7 +314,7 @@ def stats(tenant: str | None = None) -> Stats:
         st = h.rt.stats()
     if not h.active and _LAST is not None and _LAST.handle is main and h is main:
         st = dataclasses.replace(st, budget_bytes=_LAST.budget)
-    if h.dev is not None and h.dev.name == "cpu":  # the allocator's own peak (NOTE [ The CPU as a device ] 5)
+    if h.dev is not None and h.dev.session_peak:  # the allocator's own peak (NOTE [ The CPU as a device ] 5)
         st = dataclasses.replace(st, peak_bytes=h.dev.max_allocated())
     if h is main and (h.marks or h.learned is not None):  # NOTE [ Learned budgets ] 2 (a replay: outside the lock)
         st = dataclasses.replace(st, traced_steps=h.traced_steps(), learned_budget=h.learned_budget())
@@ -330,7 +330,7 @@ def reset_peak() -> None:
     with native._core_locked(h.ext):
         h.flush()
         h.rt.reset_peak()
-        if h.dev is not None and h.dev.name == "cpu":
+        if h.dev is not None and h.dev.session_peak:
             h.dev.reset_peak()
 
 

@@ -127,6 +127,22 @@ class Device:
     def max_allocated(self) -> int:
         raise NotImplementedError
 
+    # what a compiled front end's session tells the device (no-ops but for ``CpuDevice``: NOTE [ The CPU as a device ])
+    session_peak = False  # ``max_allocated`` is the session's own peak (``stats().peak_bytes`` reads it)
+
+    def budget_set(self, budget: int | None) -> None:
+        """The session's budget is now ``budget`` (None: none, or the session ended)."""
+
+    def constant_seen(self, t: torch.Tensor, nbytes: int) -> int:
+        """A constant of ``nbytes`` was counted; returns the bytes the device counts for it beside its own."""
+        return 0
+
+    def constant_gone(self, nbytes: int) -> None:
+        """A constant for which ``constant_seen`` returned ``nbytes`` died."""
+
+    def region_runs(self) -> None:
+        """A compiled region was made or runs in the session."""
+
     def segments(self) -> list[Segment]:
         """The allocator's layout: each segment's pool and blocks in address order (empty: unknown)."""
         return []

@@ -275,8 +275,8 @@ def enable(budget: int | str | None = None, *, policy: str | Policy = DEFAULT_PO
     ext.set_trace(s.trace is not None)
     s.froze = freeze_gc()  # as the Python front end (torch_dtr.eager.api.freeze_gc): its records are many too
     ext.cpu_blocks(True)  # rule 7
-    if device is not None and device.name == "cpu":
-        device.cap(nbytes)  # NOTE [ The CPU as a device ] 7
+    if device is not None:
+        device.budget_set(nbytes)  # NOTE [ The CPU as a device ] 7
     ext.set_retry(device is not None)  # rule 8
     ext.set_count_plain(kind)  # rule 8: plain ops' outputs on the device (front.cpp, g_count_plain)
     ext.set_lend(bool(grads_in_place))  # rule 9

@@ -40,7 +40,7 @@
 #    without torch-dtr, its blocks counted (rule 2).
 # 8. Compiled regions (torch.compile with inductor) allocate in their kernels, forward and backward, outside any op
 #    the session can run again: once a region is made under the session, the capacity is lifted for the rest of it
-#    (``soften``), and the region's plan keeps its memory within the budget (NOTE [ Compiled regions under a
+#    (``region_runs``), and the region's plan keeps its memory within the budget (NOTE [ Compiled regions under a
 #    budget ], with the constants above in its measured peaks), as rule 6 counts the rest. So does a region made
 #    before the session when it first runs in it (dynamo reuses its code for a new module; ``region.CALLED``).
 """
@@ -59,6 +59,7 @@ class CpuDevice(Device):
     """The CPU's tensor memory as a device whose count the budget bounds (NOTE [ The CPU as a device ])."""
 
     name = "cpu"
+    session_peak = True  # rule 5
 
     def __init__(self) -> None:
         self.ext: Any = None
@@ -83,6 +84,18 @@ class CpuDevice(Device):
         self._peak = 0
         self.ext.cpu_blocks_reset_peak()
 
+    def budget_set(self, budget: int | None) -> None:
+        self.cap(budget)
+
+    def constant_seen(self, t: torch.Tensor, nbytes: int) -> int:
+        if self.ext.cpu_blocks_owns(t):  # counted as a block already
+            return 0
+        self.add_foreign(nbytes)
+        return nbytes
+
+    def constant_gone(self, nbytes: int) -> None:
+        self.add_foreign(-nbytes)
+
     def add_foreign(self, nbytes: int) -> None:
         """Constants beside the blocks were counted (``nbytes`` > 0) or died: the peak so far is closed at the old
         count (the allocator's own peak starts again), and the capacity follows (rule 7)."""
@@ -97,10 +110,10 @@ class CpuDevice(Device):
         self.budget = budget
         region = sys.modules.get("torch_dtr.inductor.region")  # regions made before may run in this session
         if region is not None:
-            if budget is not None and self.soften not in region.CALLED:
-                region.CALLED.append(self.soften)
-            elif budget is None and self.soften in region.CALLED:
-                region.CALLED.remove(self.soften)
+            if budget is not None and self.region_runs not in region.CALLED:
+                region.CALLED.append(self.region_runs)
+            elif budget is None and self.region_runs in region.CALLED:
+                region.CALLED.remove(self.region_runs)
         self.recap()
 
     def recap(self) -> None:
@@ -110,7 +123,7 @@ class CpuDevice(Device):
             n = -1 if off else max(0, self.budget - self.foreign)  # type: ignore[operator]
             self.ext.cpu_blocks_capacity(n, session_only=True)
 
-    def soften(self) -> None:
+    def region_runs(self) -> None:
         """Rule 8: no capacity for the rest of the session (a compiled region was made or runs)."""
         if not self.soft and self.budget is not None:
             self.soft = True
@@ -119,9 +132,6 @@ class CpuDevice(Device):
     def owns(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu"
 
-    def is_block(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s data is one of the allocator's blocks (counted in ``usage`` already)."""
-        return bool(self.ext.cpu_blocks_owns(t))
 
     def usage(self) -> tuple[int, int]:
         now, peak = self.ext.cpu_blocks_usage()

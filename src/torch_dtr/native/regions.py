@@ -150,9 +150,8 @@ class _SessionEnv:
         return int(self.s.ext.cpu_blocks_mark()) + self.before
 
     def made_region(self) -> None:
-        dev = self.s.dev
-        if dev is not None and dev.name == "cpu":
-            dev.soften()  # NOTE [ The CPU as a device ] 8
+        if self.s.dev is not None:
+            self.s.dev.region_runs()  # NOTE [ The CPU as a device ] 8
 
     def sync(self, args: Sequence[Any]) -> None:
         """Before a region runs eagerly: what the runtime does not count (plain values such as an optimizer's

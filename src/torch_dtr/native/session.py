@@ -346,7 +346,7 @@ class Session:
             if self.consts.pop(key, None) is not None:
                 self.rt.remove_constant(nbytes)
                 if self.foreign and key in self.foreign:
-                    self.dev.add_foreign(-self.foreign.pop(key))
+                    self.dev.constant_gone(self.foreign.pop(key))  # type: ignore[union-attr]
             self.readers.pop(key, None)
 
     # ------------------------------------------------------------------ budgets and tenants (NOTE [ Tenants ])
@@ -356,8 +356,8 @@ class Session:
             self.flush()
             self.rt.set_budget(nbytes)
             self.ext.set_budget(self.epoch, -1 if nbytes is None else nbytes)
-            if self.dev is not None and self.dev.name == "cpu" and self.session is None:  # The CPU as a device 7
-                self.dev.cap(nbytes)
+            if self.dev is not None and self.session is None:
+                self.dev.budget_set(nbytes)
 
     def spawn(self) -> Session:
         """A tenant of this session, running: its options, its own core; its host tier shares this session's host
@@ -388,8 +388,8 @@ class Session:
         for s in family:
             s.unhook()
             s.rt.set_budget(None)
-        if self.dev is not None and self.dev.name == "cpu":  # NOTE [ The CPU as a device ] 7
-            self.dev.cap(None)
+        if self.dev is not None:
+            self.dev.budget_set(None)
 
     def trace_to(self, writer: Any) -> None:
         """Write every call this session makes into the core to ``writer`` (NOTE [ Traces ] in sim/trace.py); before
@@ -420,10 +420,9 @@ class Session:
         if key not in self.consts:
             self.rt.add_constant(nbytes, where)  # (room made first: then the device's count takes it)
             self.consts[key] = nbytes
-            dev = self.dev
-            if dev is not None and dev.name == "cpu" and not dev.is_block(t):  # NOTE [ The CPU as a device ] 2
-                dev.add_foreign(nbytes)
-                self.foreign[key] = nbytes
+            beside = self.dev.constant_seen(t, nbytes) if self.dev is not None else 0
+            if beside:  # NOTE [ The CPU as a device ] 2
+                self.foreign[key] = beside
         seen = self.hooked.get(id(t))
         if t.requires_grad and t.is_leaf and (seen is None or seen[0]() is not t):  # (an id is reused after a death)
             # gradients accumulated into a plain leaf come back plain (NOTE [ Managed vs constant ] 4)
