@@ -181,3 +181,37 @@ def test_torch_dtr_run_says_each_compiled_regions_plan(tmp_path):
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if "compiled region" in ln]
     assert len(lines) == 1 and "activation memory budget 1 (expected" in lines[0], p.stderr[-2000:]
+
+
+def test_enable_leaves_dynamo_unimported_and_still_plans_a_region_compiled_later():
+    """NOTE [ Unmanaged regions ] 3, in a fresh interpreter: enable() does not import dynamo (0.7 s, ~60 MiB of
+    modules) where the program has not; its callbacks come when dynamo is first imported, so a region compiled
+    afterwards is planned against the budget and another backend's region is said once; disable() takes the
+    import hook out."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, warnings, torch, torch_dtr
+        from torch_dtr.native.regions import _Later
+        torch_dtr.enable(budget=2 << 30)
+        assert "torch._dynamo" not in sys.modules and _Later.me in sys.meta_path
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+        run = torch.compile(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                run(torch.randn(128, 64)).square().mean().backward()
+            other = torch.compile(lambda t: t.sin() * 2, backend="aot_eager")
+            other(torch.randn(8)); other(torch.randn(8))
+        said = [w for w in caught if "backend other than inductor" in str(w.message)]
+        from torch_dtr import inductor
+        assert len(inductor.plans()) >= 1 and len(said) == 1, (inductor.plans(), [str(w.message) for w in caught])
+        torch_dtr.disable()
+        assert _Later.me is None and not any(isinstance(f, _Later) for f in sys.meta_path)
+        print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
