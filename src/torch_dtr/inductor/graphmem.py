@@ -4,7 +4,8 @@ budget ] 2).
 A value is counted from the op that makes it to the last op that reads it or a view of it; a graph's outputs
 are held to its end (the caller keeps them). Inductor fuses a pointwise op into the pointwise ops and
 reductions that read it, so such a value is never written to memory: it is counted only where a reader
-cannot fuse it (a matrix product, a convolution, any kernel of its own) or the graph returns it.
+cannot fuse it (a matrix product, a convolution, any kernel of its own) or the graph returns it. A pointwise
+kernel writes its output into an input of the same bytes whose last reader it is (inductor's in-place buffers).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def graph_bytes(gm: fx.GraphModule, given: dict[int, int] | None = None) -> Grap
             for k in refs[a]:
                 last[k] = end if n.op == "output" else i
     written = _written(nodes)
+    pointwise = {n for n in written if _kind(n) == "pointwise"}
     frees: dict[int, list[int]] = {}
     size: dict[int, int] = dict(given or {})
     live = sum(size.values())
@@ -118,14 +120,21 @@ def graph_bytes(gm: fx.GraphModule, given: dict[int, int] | None = None) -> Grap
     live -= sum(size[k] for k in frees.pop(-1, ()))
     peak = live
     for i, n in enumerate(nodes):
+        inplace = 0
         if n in written:
+            # a pointwise kernel writes an output in place of an input of the same bytes that dies here
+            dying = [size[k] for a in n.all_input_nodes for k in refs[a] if k in size and last.get(k) == i] \
+                if n in pointwise else []
             for k, b in refs[n].items():
                 if k in inputs or k in size:
                     continue
                 size[k] = b
                 live += b
                 frees.setdefault(max(last.get(k, i), i), []).append(k)
-        peak = max(peak, live)
+                if b in dying:
+                    dying.remove(b)
+                    inplace += b
+        peak = max(peak, live - inplace)
         for k in frees.pop(i, ()):
             live -= size[k]
     return GraphBytes(peak, live)

@@ -19,9 +19,9 @@
 #    (the kernel's recipes: 8.6 MiB more than plain PyTorch's over one forward of the LSTM loop, 7,000 ops a step;
 #    Python objects 1.3 MiB), tensors made before the session that no managed op reads, and what is no tensor
 #    memory: the pages of libraries' code a step first runs (11-18 MiB; plain PyTorch's 11-13) and torch-dtr's
-#    own modules, C++ extension and session (about 11 MiB). Measured (docs/cpu-device.md): RSS over the base less those two, 0.88x the budget on the bench's
-#    GPT-2, 0.94-0.96x on a transformer encoder, 0.97-0.98x on the LSTM loop (with them: 0.93x, 0.97-1.00x,
-#    1.16-1.20x).
+#    own modules, C++ extension and session (about 11 MiB). Measured (docs/cpu-device.md): RSS over the base
+#    less those two, 0.88x the budget on the bench's GPT-2, 0.94-0.96x on a transformer encoder, 0.97-0.98x on
+#    the LSTM loop (with them: 0.93x, 0.97-1.00x, 1.16-1.20x).
 # 4. The compiled front end only (the Python one does not install ``Blocks``); no host tier (its copies would be
 #    CPU memory too, counted against the same budget); no learned budgets (NOTE [ Learned budgets ] 4).
 # 5. ``stats().peak_bytes`` is the most counted at once since the session began (or ``reset_peak()``): the
