@@ -149,31 +149,3 @@ def test_device_cpu_capacity_binds_the_sessions_thread_and_not_a_thread_left_una
     with pytest.raises(torch.OutOfMemoryError, match="device='cpu'"):
         torch.ones(4 << 20)
 
-
-def test_device_cpu_counts_the_pages_its_blocks_take_and_gives_them_back():
-    """NOTE [ The CPU as a device ] 9: a block of 64 KiB or more is pages of its own, counted whole (no page of
-    header: 24 pages of data took 25 through the C library); smaller ones count the bytes asked; none after the
-    session, and one that outlives it is given back when it dies."""
-    ext = native.load()
-    torch_dtr.enable(None, device="cpu")
-    at = ext.cpu_blocks_usage()[0]
-    a = torch.arange(24 * 1024, dtype=torch.float32)  # 96 KiB: 24 pages
-    b = torch.ones(24 * 1024 + 1)  # 4 bytes over 24 pages: 25
-    c = torch.ones(100)  # 400 bytes, from the C library
-    assert ext.cpu_blocks_usage()[0] - at == 24 * 4096 + 25 * 4096 + 400
-    assert a.data_ptr() % 4096 == 0 and b.data_ptr() % 4096 == 0
-    assert float(a.sum()) == sum(range(24 * 1024)) and float(b.sum()) == 24 * 1024 + 1
-    del b, c
-    assert ext.cpu_blocks_usage()[0] - at == 24 * 4096
-    d = torch.zeros(24 * 1024 + 1)  # the kept block of that size again, counted again
-    assert ext.cpu_blocks_usage()[0] - at == 24 * 4096 + 25 * 4096 and float(d.sum()) == 0
-    del d
-    torch_dtr.disable()
-    torch_dtr.enable(None)  # without the device: the bytes asked for, from the C library
-    at = ext.cpu_blocks_usage()[0]
-    e = torch.ones(24 * 1024 + 1)
-    assert ext.cpu_blocks_usage()[0] - at == (24 * 1024 + 1) * 4
-    torch_dtr.disable()
-    assert float(a.sum()) == sum(range(24 * 1024)) and float(e.sum()) == 24 * 1024 + 1
-    del a, e  # mapped and made in the first session: unmapped now, after it
-    gc.collect()

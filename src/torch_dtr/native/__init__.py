@@ -335,7 +335,6 @@ def _disable(s: Any) -> None:
     s.ext.set_count_plain(0)
     s.ext.set_lend(True)
     s.ext.cpu_blocks(False)
-    s.ext.cpu_blocks_pages(False)  # (NOTE [ The CPU as a device ] 9)
     thaw_gc(s.froze)
     s.unwrap_fsdp()
     s.unwatch()

@@ -17,11 +17,14 @@
 # 3. So the process's resident tensor memory stays near the budget: freed blocks the allocator keeps for reuse are
 #    bounded by the most it handed out at once (rule 7 there), which the budget bounds. Not counted: the C heap
 #    (the kernel's recipes: 8.6 MiB more than plain PyTorch's over one forward of the LSTM loop, 7,000 ops a step;
-#    Python objects 1.3 MiB), tensors made before the session that no managed op reads, and what is no tensor
-#    memory: the pages of libraries' code a step first runs (11-18 MiB; plain PyTorch's 11-13) and torch-dtr's
-#    own modules, C++ extension and session (about 11 MiB). Measured (docs/cpu-device.md): RSS over the base
-#    less those two, 0.88x the budget on the bench's GPT-2, 0.94-0.96x on a transformer encoder, 0.97-0.98x on
-#    the LSTM loop (with them: 0.93x, 0.97-1.00x, 1.16-1.20x).
+#    Python objects 1.3 MiB), a page of rounding on each block the C library maps for it alone, tensors made
+#    before the session that no managed op reads, and what is no tensor memory: the pages of libraries' code a
+#    step runs for the first time (11-18 MiB; plain PyTorch's 11-13) and torch-dtr's own modules, C++ extension
+#    and session (about 11 MiB). Measured (docs/cpu-device.md): RSS over the base less those two, 0.88-0.89x the
+#    budget on the bench's GPT-2, 0.94-0.96x on a transformer encoder, 0.99x on the LSTM loop (with them: 0.93x,
+#    0.97-1.00x, 1.18-1.21x). Mapping each large block as pages of its own, counted whole, was tried (2026-11-30):
+#    2-3 MiB less on the LSTM loop, but its steps 0-6% and GPT-2's 7-11% slower (page faults on fresh mappings
+#    where the C library reuses its heap), so not kept.
 # 4. The compiled front end only (the Python one does not install ``Blocks``); no host tier (its copies would be
 #    CPU memory too, counted against the same budget); no learned budgets (NOTE [ Learned budgets ] 4).
 # 5. ``stats().peak_bytes`` is the most counted at once since the session began (or ``reset_peak()``): the
@@ -45,11 +48,6 @@
 #    (``region_runs``), and the region's plan keeps its memory within the budget (NOTE [ Compiled regions under a
 #    budget ], with the constants above in its measured peaks), as rule 6 counts the rest. So does a region made
 #    before the session when it first runs in it (dynamo reuses its code for a new module; ``region.CALLED``).
-# 9. While the session runs, a block of 64 KiB or more is pages mapped for it alone (front.cpp, ``mapped``),
-#    counted whole: the C library gave each such block a chunk of its own whose header took one page more than
-#    the data (24 pages of data in 25 for the LSTM loop's 96 KiB values: 4% of its blocks, held and not counted).
-#    Smaller blocks come from the C library, counted as asked. Freed ones are kept for reuse as before; a mapped
-#    block that outlives the session is unmapped when it dies.
 """
 
 from __future__ import annotations
@@ -85,7 +83,6 @@ class CpuDevice(Device):
                                f"not be built here: {e}") from e
         self.foreign = 0
         self.soft = False
-        self.ext.cpu_blocks_pages(True)  # rule 9 (the session's end turns it off)
         self.reset_peak()
 
     def reset_peak(self) -> None:

@@ -43,7 +43,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 #include <sys/mman.h>
-#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -82,7 +81,6 @@ struct Spin {
 };
 Spin g_lock;
 Free* g_heads[kLargest / kQuantum + 1] = {};
-std::atomic<int64_t> g_slabs{0};  // bytes of slabs mapped (never returned)
 
 inline size_t size_class(size_t n) { return (n + kQuantum - 1) / kQuantum; }
 
@@ -94,7 +92,6 @@ void* take(size_t n) {
   if (!head) {
     void* slab = mmap(nullptr, kSlab, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (slab == MAP_FAILED) throw std::bad_alloc();
-    g_slabs.fetch_add(static_cast<int64_t>(kSlab), std::memory_order_relaxed);
     const size_t size = c * kQuantum;
     for (size_t off = kSlab / size * size; off >= size; off -= size) {
       auto* f = reinterpret_cast<Free*>(static_cast<char*>(slab) + off - size);
@@ -416,54 +413,12 @@ std::atomic<int64_t> g_blocks_mark{0};
 // never pass the most that was in use at once since the cache was last emptied (the oldest kept go back to the
 // C library first): a process holds no more than it did at its peak, as with plain PyTorch. Emptied when the
 // allocator is taken out and when the budget changes (`cpu_blocks_empty`).
-// Where the CPU device counts what the process holds (NOTE [ The CPU as a device ] 9), a block of kMapped bytes or
-// more is pages mapped for it alone, their number what it counts: through the C library, each such block was one
-// mmapped chunk whose header took a page more (24 pages of data in 25: 4% of the LSTM loop's memory, uncounted).
-// Its size is kept beside it (`g_mapped`), as its header was.
-namespace mapped {
-constexpr size_t kMapped = size_t{64} << 10;
-std::atomic<bool> g_on{false};  // set by the CPU device; blocks mapped before it went off are still found
-std::atomic<int64_t> g_alive{0};
-pool::Spin g_mutex;
-auto& g_sizes = *new std::unordered_map<void*, size_t>();  // data -> bytes asked
-inline size_t pages(size_t n) {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return (n + page - 1) / page * page;
-}
-void* map(size_t n) {
-  void* p = mmap(nullptr, pages(n), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? nullptr : p;
-}
-void note(void* data, size_t n) {
-  std::lock_guard<pool::Spin> g(g_mutex);
-  g_sizes.emplace(data, n);
-  g_alive.fetch_add(1, std::memory_order_relaxed);
-}
-// the bytes asked for a mapped block at `data` (forgotten); 0: not a mapped block
-size_t forget(void* data) {
-  if (g_alive.load(std::memory_order_relaxed) == 0) return 0;
-  std::lock_guard<pool::Spin> g(g_mutex);
-  auto it = g_sizes.find(data);
-  if (it == g_sizes.end()) return 0;
-  const size_t n = it->second;
-  g_sizes.erase(it);
-  g_alive.fetch_sub(1, std::memory_order_relaxed);
-  return n;
-}
-}  // namespace mapped
-
 namespace kept {
 constexpr size_t kLeast = 4096;
 struct Entry {
   size_t n;
-  void* raw;  // a mapped block: its data
-  bool mapped;
+  void* raw;
 };
-inline int64_t counted(size_t n, bool mapped) { return static_cast<int64_t>(mapped ? mapped::pages(n) : n); }
-inline void drop(const Entry& e) {
-  if (e.mapped) munmap(e.raw, mapped::pages(e.n));
-  else std::free(e.raw);
-}
 pool::Spin g_mutex;  // (taken twice per managed op that makes a block: no pthread mutex's calls)
 // (never destroyed: a tensor may be freed after static destructors ran, at exit)
 auto& g_order = *new std::list<Entry>();  // oldest first
@@ -480,8 +435,8 @@ void* take(size_t n, int64_t now) {
     it->second.pop_back();
     if (it->second.empty()) g_sized.erase(it);
     void* raw = e->raw;
-    g_bytes -= counted(n, e->mapped);
     g_order.erase(e);
+    g_bytes -= static_cast<int64_t>(n);
     ++g_hits;
     return raw;
   }
@@ -495,25 +450,24 @@ void* take(size_t n, int64_t now) {
     v.erase(std::find(v.begin(), v.end(), g_order.begin()));
     if (v.empty()) g_sized.erase(at);
     g_order.pop_front();
-    g_bytes -= counted(e.n, e.mapped);
-    drop(e);
+    g_bytes -= static_cast<int64_t>(e.n);
+    std::free(e.raw);
   }
   return nullptr;
 }
 
-// (a block of the other kind than blocks of its size are now made is not kept: those kept are all of one kind)
-bool keep(void* raw, size_t n, bool mapped) {
+bool keep(void* raw, size_t n) {
   std::lock_guard<pool::Spin> g(g_mutex);
-  if (!g_on || mapped != (mapped::g_on.load(std::memory_order_relaxed) && n >= mapped::kMapped)) return false;
-  g_order.push_back(Entry{n, raw, mapped});
+  if (!g_on) return false;
+  g_order.push_back(Entry{n, raw});
   g_sized[n].push_back(std::prev(g_order.end()));
-  g_bytes += counted(n, mapped);
+  g_bytes += static_cast<int64_t>(n);
   return true;
 }
 
 void empty(bool on, int64_t now) {
   std::lock_guard<pool::Spin> g(g_mutex);
-  for (auto& e : g_order) drop(e);
+  for (auto& e : g_order) std::free(e.raw);
   g_order.clear();
   g_sized.clear();
   g_bytes = 0;
@@ -528,22 +482,15 @@ struct Blocks final : c10::Allocator {
   // data and context are one pointer (the raw interface, which some kernels use for scratch memory, requires it)
   static void release(void* data) {
     if (!data) return;
-    if (simalloc::on()) simalloc::give(data);  // (before the address can be handed out again)
-    if (const size_t m = mapped::forget(data)) {
-      g_blocks_now.fetch_sub(kept::counted(m, true), std::memory_order_relaxed);
-      if (!kept::keep(data, m, true)) munmap(data, mapped::pages(m));
-      return;
-    }
     void* raw = static_cast<void**>(data)[-1];
     const size_t n = *static_cast<size_t*>(raw);
+    if (simalloc::on()) simalloc::give(data);  // (before the address can be handed out again)
     g_blocks_now.fetch_sub(static_cast<int64_t>(n), std::memory_order_relaxed);
-    if (n < kept::kLeast || !kept::keep(raw, n, false)) std::free(raw);
+    if (n < kept::kLeast || !kept::keep(raw, n)) std::free(raw);
   }
   c10::DataPtr allocate(size_t n) override {
-    const bool map = n >= mapped::kMapped && mapped::g_on.load(std::memory_order_relaxed);
-    const int64_t counted = kept::counted(n, map);
     const int64_t cap = g_blocks_capacity.load(std::memory_order_relaxed);
-    if (cap >= 0 && g_blocks_now.load(std::memory_order_relaxed) + counted > cap) {
+    if (cap >= 0 && g_blocks_now.load(std::memory_order_relaxed) + static_cast<int64_t>(n) > cap) {
       const bool session = g_blocks_cap_session.load(std::memory_order_relaxed);
       if (!session || g_depth > 0 || attached()) {
         char what[240];
@@ -554,18 +501,6 @@ struct Blocks final : c10::Allocator {
       }
     }
     void* raw = n >= kept::kLeast ? kept::take(n, g_blocks_now.load(std::memory_order_relaxed)) : nullptr;
-    if (map) {
-      void* data = raw ? raw : mapped::map(n);
-      if (!data) {
-        kept::empty(kept::g_on, g_blocks_now.load());
-        data = mapped::map(n);
-      }
-      if (!data) throw std::bad_alloc();
-      if (simalloc::on()) simalloc::take(data, n);  // (never on together with the CPU device)
-      mapped::note(data, n);
-      count(counted);
-      return {data, data, &release, c10::Device(c10::kCPU)};
-    }
     if (!raw) {
       raw = std::malloc(n + kAlign + kHead);
       if (!raw) {  // the kept blocks go back first
@@ -582,21 +517,18 @@ struct Blocks final : c10::Allocator {
       try {
         simalloc::take(data, n);
       } catch (...) {
-        if (n < kept::kLeast || !kept::keep(raw, n, false)) std::free(raw);
+        if (n < kept::kLeast || !kept::keep(raw, n)) std::free(raw);
         throw;
       }
     }
-    count(counted);
-    return {data, data, &release, c10::Device(c10::kCPU)};
-  }
-  static void count(int64_t counted) {
-    const int64_t now = g_blocks_now.fetch_add(counted, std::memory_order_relaxed) + counted;
+    const int64_t now = g_blocks_now.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + n;
     int64_t peak = g_blocks_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_blocks_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
     int64_t mark = g_blocks_mark.load(std::memory_order_relaxed);
     while (now > mark && !g_blocks_mark.compare_exchange_weak(mark, now, std::memory_order_relaxed)) {
     }
+    return {data, data, &release, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
@@ -619,14 +551,6 @@ bool cpu_blocks_owns(const at::Tensor& t) {
 int64_t cpu_blocks_mark() { return g_blocks_mark.exchange(g_blocks_now.load()); }
 
 void cpu_blocks_reset_peak() { g_blocks_peak.store(g_blocks_now.load()); }
-
-// NOTE [ The CPU as a device ] 9: blocks of 64 KiB or more are mapped pages of their own from now on (the kept
-// blocks go back: those kept are all of one kind)
-void cpu_blocks_pages(bool on) {
-  if (mapped::g_on.exchange(on) != on) kept::empty(kept::g_on, g_blocks_now.load());
-}
-
-int64_t cpu_blocks_slabs() { return pool::g_slabs.load(); }  // bytes of the records' slabs (never returned)
 
 void cpu_blocks_capacity(int64_t n, bool session_only) {  // -1: none
   g_blocks_cap_session.store(session_only);
@@ -2497,8 +2421,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   simalloc::bind(m);
   m.def("cpu_blocks_on", &cpu_blocks_on);
   m.def("cpu_blocks_usage", &cpu_blocks_usage);
-  m.def("cpu_blocks_pages", &cpu_blocks_pages);
-  m.def("cpu_blocks_slabs", &cpu_blocks_slabs);
   m.def("cpu_blocks_owns", &cpu_blocks_owns);
   m.def("cpu_blocks_mark", &cpu_blocks_mark);
   m.def("cpu_blocks_reset_peak", &cpu_blocks_reset_peak);
