@@ -148,4 +148,3 @@ def test_device_cpu_capacity_binds_the_sessions_thread_and_not_a_thread_left_una
     # in the session's thread a factory is no op that can evict and run again: the capacity's error, named
     with pytest.raises(torch.OutOfMemoryError, match="device='cpu'"):
         torch.ones(4 << 20)
-
