@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dtr.core.arena import Plan, Request, check, first_fit, max_live, plan
+from torch_dtr.core.arena import Plan, Request, check, contention, first_fit, max_live, plan
 
 
 @st.composite
@@ -48,3 +48,12 @@ def test_check_catches_an_overlap_and_a_request_is_refused_when_malformed():
         check(requests, Plan([0, 5], 15))
     with pytest.raises(ValueError, match="0 <= start < end"):
         Request(3, 3, 8)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_requests())
+def test_contention_is_the_most_bytes_live_during_each_requests_lifetime(requests):
+    def live(t: int) -> int:
+        return sum(r.size for r in requests if r.start <= t < r.end)
+
+    assert contention(requests) == [max(live(t) for t in range(r.start, r.end)) for r in requests]

@@ -22,10 +22,13 @@ from dataclasses import dataclass
 #    lifetime, then the earlier start); each takes the lowest offset where it overlaps no placed request that
 #    lives at the same time. Large requests placed first leave holes only small ones fill. The plan also tries
 #    other ties among equal sizes (the latest end first, the earliest start first: on the LSTM loop at 50% the
-#    ties alone moved the arena between 1.11x and 1.23x), the order by size x lifetime and, for every order, the
-#    smallest gap that fits instead of the lowest, and keeps the smallest arena, or ``first_fit``'s where that is
-#    smaller (each won on some of the bench's traces, 2026-11-29; orders by lifetime alone and by breadth were
-#    tried there and never won). docs/arena.md: at most 1.11x the lower bound where the replay trained.
+#    ties alone moved the arena between 1.11x and 1.23x), the order by size x lifetime, two orders by
+#    *contention* (the most bytes live at once during a request's lifetime, as TelaMalloc orders by it): size x
+#    contention, and size with ties by contention; for every order, the smallest gap that fits instead of the
+#    lowest too; it keeps the smallest arena, or ``first_fit``'s where that is smaller. Each won on some of the
+#    bench's traces (2026-11-29 and 2026-11-30: size x contention took the LSTM loop at 50% from 1.107x to 1.061x,
+#    ties by contention GPT-2 at 30% from 1.024x to 1.012x); orders by lifetime alone and by breadth never won, nor
+#    did random ties, a bottom-up skyline, or the last plan's offsets as the next order. docs/arena.md.
 # 3. The placed requests a request can collide with are found through time buckets (``_BUCKET`` events wide):
 #    each placed request is listed in every bucket its lifetime touches, so a query reads the buckets of its own
 #    lifetime instead of every placed request.
@@ -83,13 +86,42 @@ def _lowest_gap(placed: list[tuple[int, int]], size: int, best: bool = False) ->
     return found if found >= 0 else at
 
 
-# NOTE [ Planned allocation ] 2: the orders tried, each with the lowest and the smallest gap; the smallest arena wins
+# NOTE [ Planned allocation ] 2: the orders tried, each with the lowest and the smallest gap; the smallest arena wins.
+# Each key gets the request and its contention.
 _ORDERS = {
-    "size": lambda r: (-r.size, r.start - r.end, r.start),
-    "size, ending last first": lambda r: (-r.size, -r.end, r.start),
-    "size, starting first": lambda r: (-r.size, r.start, -r.end),
-    "area": lambda r: (-r.size * (r.end - r.start), r.start),
+    "size": lambda r, c: (-r.size, r.start - r.end, r.start),
+    "size, ending last first": lambda r, c: (-r.size, -r.end, r.start),
+    "size, starting first": lambda r, c: (-r.size, r.start, -r.end),
+    "area": lambda r, c: (-r.size * (r.end - r.start), r.start),
+    "size x contention": lambda r, c: (-r.size * c, r.start),
+    "size, then contention": lambda r, c: (-r.size, -c, -r.end),
 }
+
+
+def contention(requests: Sequence[Request]) -> list[int]:
+    """Per request, the most bytes live at once during its lifetime (rule 2): a sparse table of range maxima over
+    the bytes live at each event."""
+    if not requests:
+        return []
+    end = max(r.end for r in requests)
+    live = [0] * (end + 1)
+    for r in requests:
+        live[r.start] += r.size
+        live[r.end] -= r.size
+    for t in range(1, end + 1):
+        live[t] += live[t - 1]
+    table = [live]
+    width = 1
+    while 2 * width <= end:
+        prev = table[-1]
+        table.append([max(prev[t], prev[t + width]) for t in range(len(prev) - width)])
+        width *= 2
+    out = []
+    for r in requests:
+        k = (r.end - r.start).bit_length() - 1
+        row = table[k]
+        out.append(max(row[r.start], row[r.end - (1 << k)]))
+    return out
 
 
 def _greedy(requests: Sequence[Request], order: list[int], best: bool) -> Plan:
@@ -121,8 +153,9 @@ def _greedy(requests: Sequence[Request], order: list[int], best: bool) -> Plan:
 def plan(requests: Sequence[Request]) -> Plan:
     """Offsets for ``requests`` by rule 2; no two requests live at the same time overlap in space."""
     best: Plan | None = None
+    c = contention(requests)
     for key in _ORDERS.values():
-        order = sorted(range(len(requests)), key=lambda i: key(requests[i]))
+        order = sorted(range(len(requests)), key=lambda i: key(requests[i], c[i]))
         for fit in (False, True):
             p = _greedy(requests, order, fit)
             if best is None or p.size < best.size:
