@@ -37,7 +37,12 @@ says when each value of the next one will be read.
 #    than what the dynamic policy measured, where iterations cost alike from one to the next. Trying the distance alone
 #    as a third rule (benchmarks/plans.py, 2026-11-29) made the last iteration cheaper in 82 cells instead of 67,
 #    but its trial iteration ran out of memory on the MoE at 0.5 where the dynamic policy trains: a trial can fail
-#    where neither kept rule would, so the riskier rule is not tried.
+#    where neither kept rule would, so the riskier rule is not tried. Steering by the exact optimum's keep sets
+#    (Checkmate's ``S[t+1]``, sim/checkmate.py: candidates the ILP does not keep evicted first) was tried on the
+#    recorded 5-layer MLP (38 nodes; 2026-11-30, a probe, not kept): its iterations cost what the dynamic policy's
+#    do (1.265 at 0.7 of the peak, the ILP 1.201; the same at 0.6, 0.8, 0.9). So the ILP's lead does not come from
+#    which values it keeps; a guess: from where it recomputes (ahead of need, in a stage's index order), which a
+#    runtime that recomputes on demand does not follow.
 # 6. Cost: recording adds about 0.5 us per op (two list appends per op and per output, on a 2-core CPU), so it runs
 #    only under a budget (a budget set later starts at the next boundary), and stops for the rest of an iteration
 #    past ``LIMIT`` ops (a program without optimizer steps: inference, ``generate()``), so that its record never
