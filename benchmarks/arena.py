@@ -28,6 +28,39 @@ from torch_dtr.sim.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIOS = (None, 0.5, 0.3)
+LIVE_RATIOS = (0.8, 0.65)  # of plain's peak allocated bytes, as benchmarks/fragmentation.py
+LIVE_STEPS = 9  # the plan settles by the 5th; the last 3 are measured
+
+
+def live(name: str, quick: bool, ratio: float | None, planned: bool, scale: float, peak: int = 0) -> dict[str, Any]:
+    """Training on the simulated device (expandable segments on), plain (``ratio`` None: 1 + 3 steps, the peak
+    allocated) or under ``ratio`` x ``peak`` with or without planned allocation (NOTE [ Simulated allocator ] 10):
+    the most reserved over the whole run and over its last 3 steps, the most allocated, the plan's counts."""
+    size = SIZES[name]["quick" if quick else "full"]
+    steps = 4 if ratio is None else LIVE_STEPS
+    budget = None if ratio is None else int(ratio * peak)
+    out: dict[str, Any] = {"ratio": ratio, "planned": planned, "scale": scale, "budget": budget, "status": "ok"}
+    with torch_dtr.SimulatedDevice(expandable=True, planned=planned, scale=scale) as dev:
+        model, batches, step = build(name, size, steps, seed=0)
+        if budget is not None:
+            torch_dtr.enable(budget=budget, device=dev, expandable_segments=True, learn=False)
+        try:
+            step(model, batches[0])
+            if ratio is None:
+                dev.reset_peak()
+            for i in range(1, steps):
+                if i == steps - 3:
+                    whole = dev.peak_reserved
+                    dev.reset_peak()
+                step(model, batches[i])
+            out |= {"allocated": dev.max_allocated(), "reserved": dev.peak_reserved,
+                    "reserved_run": max(whole, dev.peak_reserved) if ratio is not None else dev.peak_reserved}
+            out |= dev.plan_stats
+        except torch_dtr.BudgetError:
+            out["status"] = "BudgetError"
+        finally:
+            torch_dtr.disable()
+    return out
 
 
 def traced(name: str, quick: bool, folder: Path) -> Any:
@@ -53,10 +86,19 @@ def main() -> None:
                 o = arena.arena_for_trace(trace, ratio=ratio)
                 rows.append((name, what, ratio, o))
                 print(f"{name} {ratio}: {arena.describe(o)}", flush=True)
-    write(rows, args.quick, time.perf_counter() - t0)
+    followed = []
+    for name in ("gpt2", "resnet50"):
+        for scale in (1.0, 1 / 16):
+            peak = live(name, args.quick, None, False, scale)["allocated"]
+            for ratio in LIVE_RATIOS:
+                for planned in (False, True):
+                    r = live(name, args.quick, ratio, planned, scale, peak)
+                    followed.append((name, r))
+                    print(f"{name} scale {scale:g} {ratio} planned={planned}: {r}", flush=True)
+    write(rows, args.quick, time.perf_counter() - t0, followed)
 
 
-def write(rows: list[Any], quick: bool, seconds: float) -> None:
+def write(rows: list[Any], quick: bool, seconds: float, followed: list[tuple[str, dict[str, Any]]]) -> None:
     lines = ["# Planned allocation on traced iterations (issue 52)", "",
              f"{datetime.date.today()}, {platform.machine()} CPU, Python {platform.python_version()}, torch "
              f"{torch.__version__}; `python benchmarks/arena.py{' --quick' if quick else ''}` ({seconds:.0f} s). "
@@ -79,13 +121,50 @@ def write(rows: list[Any], quick: bool, seconds: float) -> None:
     worst = max(ok, key=lambda o: o.planned / o.max_live)
     lines += ["", f"Where the replay trained, the plan needs at most {worst.planned / worst.max_live:.3f}x the most "
               f"bytes live at once (issue 52's target: 1.02x), first fit up to "
-              f"{max(o.first_fit / o.max_live for o in ok):.3f}x. What this is not yet: an allocator that serves the "
-              f"planned offsets live (the compiled front end's blocks on the CPU, a CUDA memory pool), so no live "
-              f"run holds less memory for it today.", "", "![arena](img/arena.png)"]
+              f"{max(o.first_fit / o.max_live for o in ok):.3f}x.", "", "![arena](img/arena.png)", ""]
+    lines += _followed(followed)
     out = ROOT / "docs" / "arena.md"
     out.write_text("\n".join(lines) + "\n")
     _plot(rows, ROOT / "docs" / "img" / "arena.png")
     print(f"wrote {out}")
+
+
+def _followed(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    lines = ["## Following a plan while training (the simulated device)", "",
+             f"The same workloads train {LIVE_STEPS} steps on the simulated CUDA allocator with expandable "
+             f"segments (NOTE [ Simulated allocator ] in src/torch_dtr/native/simdevice.py), under budgets of a "
+             f"share of plain's peak allocated bytes, without and with planned allocation (its rule 10: once two "
+             f"steps in a row made the same requests, one period of them is planned into an arena and the next "
+             f"steps are served from it; layout-aware eviction is off then). *Steady*: the most reserved over the "
+             f"last 3 steps; *run*: over all but the first. Scale 1/16 divides the allocator's segment and page "
+             f"sizes by 16 (its rule 6), as the bench's small models would meet a GPU's pages at the sizes of GPT-2 "
+             f"small on an H200.", "",
+             "| workload | scale | budget | allocation | outcome | steps followed | blocks served | arena | most "
+             "allocated | steady reserved | reserved / allocated | run reserved / budget |", "| --- " * 12 + "|"]
+    for name, r in results:
+        if r["status"] != "ok":
+            lines.append(f"| {name} | {r['scale']:g} | {r['ratio']:.0%} | {'planned' if r['planned'] else 'pools'} "
+                         f"| {r['status']} | | | | | | | |")
+            continue
+        plan = (f"{r['followed']} | {r['served']} | {fmt_bytes(r['arena_bytes'])}" if r["planned"] else "- | - | -")
+        lines.append(f"| {name} | {r['scale']:g} | {r['ratio']:.0%} | {'planned' if r['planned'] else 'pools'} | "
+                     f"{r['status']} | {plan} | {fmt_bytes(r['allocated'])} | {fmt_bytes(r['reserved'])} | "
+                     f"{r['reserved'] / r['allocated']:.3f} | {r['reserved_run'] / r['budget']:.3f} |")
+    pairs = {}
+    for name, r in results:
+        if r["status"] == "ok":
+            pairs.setdefault((name, r["scale"], r["ratio"]), {})[r["planned"]] = r["reserved"]
+    both = [p for p in pairs.values() if len(p) == 2]
+    less = sum(p[True] < p[False] for p in both)
+    lines += ["", f"Steady reserved with the plan below that without it in {less} of {len(both)} cases. Where it is "
+              "not: the blocks made before the plan and kept (parameters, the optimizer's state) stay where the "
+              "first steps put them, between holes that the activations filled before; with the activations moved "
+              "to the arena, the pages of those holes stay mapped beside it (seen on GPT-2 at 80% and scale 1, "
+              "2026-11-30: the large pool 340 MiB reserved for 246 MiB allocated, beside a 306 MiB arena). A plan "
+              "that places its requests in the pool's own range, around the blocks that stay, would reuse those "
+              "holes: not built. The LSTM loop draws another sequence length every step, so no two steps make the "
+              "same requests: it is left out."]
+    return lines
 
 
 def _plot(rows: list[Any], path: Path) -> None:

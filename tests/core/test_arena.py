@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dtr.core.arena import Plan, Request, check, contention, first_fit, max_live, plan
+from torch_dtr.core.arena import Plan, Request, check, contention, first_fit, max_live, periodic, plan
 
 
 @st.composite
@@ -57,3 +57,47 @@ def test_contention_is_the_most_bytes_live_during_each_requests_lifetime(request
         return sum(r.size for r in requests if r.start <= t < r.end)
 
     assert contention(requests) == [max(live(t) for t in range(r.start, r.end)) for r in requests]
+
+
+@st.composite
+def _period(draw) -> tuple[list[int], list[int], list[int], int]:
+    period = draw(st.integers(4, 40))
+    starts = sorted(draw(st.lists(st.integers(0, period - 1), min_size=1, max_size=25)))
+    sizes = [draw(st.sampled_from([1, 3, 8, 64, 100])) for _ in starts]
+    ends = [draw(st.one_of(st.just(-1), st.integers(s + 1, s + period + 3))) for s in starts]
+    return sizes, starts, ends, period
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_period())
+def test_a_periodic_plan_never_overlaps_when_its_period_repeats(case):
+    """NOTE [ Planned allocation ] 5: the plan of one period, repeated, places no two live requests in the same bytes;
+    what it leaves to the allocator lives across its cut or a whole period."""
+    sizes, starts, ends, period = case
+    cyc = periodic(sizes, starts, ends, period)
+    cut_at = starts[cyc.cut] if cyc.cut < len(starts) else period
+    live = []  # (start, end, offset, size) of every planned request's instance over three periods
+    for i, off in enumerate(cyc.offsets):
+        cyclic = ends[i] >= 0 and ends[i] - starts[i] < period
+        s = starts[i] + (period if starts[i] < cut_at else 0)
+        across = cyclic and s + ends[i] - starts[i] > cut_at + period
+        if off < 0:
+            assert not cyclic or across, f"request {i} lies within a period but was left to the pools"
+            continue
+        assert cyclic and not across and 0 <= off and off + sizes[i] <= cyc.size
+        live += [(s + k * period, s + ends[i] - starts[i] + k * period, off, sizes[i]) for k in range(3)]
+    for a in live:
+        for b in live:
+            if a is not b and a[0] < b[1] and b[0] < a[1]:
+                assert a[2] + a[3] <= b[2] or b[2] + b[3] <= a[2], f"{a} and {b} overlap"
+
+
+def test_a_periodic_plan_cuts_where_the_fewest_bytes_live_across():
+    # activations (32 B each) from event 1, and a gradient (64 B) made at event 6, freed at event 1 of the next period
+    sizes, starts, ends = [32, 32, 64], [1, 2, 6], [5, 4, 9]
+    cyc = periodic(sizes, starts, ends, 8)
+    assert cyc.cut == 0 and all(o >= 0 for o in cyc.offsets), "cut at event 1: nothing lives across it"
+    assert cyc.size == 64, "the gradient's bytes are free again for the activations of the next period"
+    # freed one event later, it lives with the next period's first activation: a cut at event 6 leaves nothing across
+    cyc = periodic(sizes, starts, [5, 4, 10], 8)
+    assert cyc.cut == 2 and all(o >= 0 for o in cyc.offsets) and cyc.size == 96

@@ -34,6 +34,15 @@ from dataclasses import dataclass
 #    lifetime instead of every placed request.
 # 4. ``first_fit`` is what an allocator without a plan does (each request, in time order, at the lowest free
 #    offset then; nothing moves): the baseline the plan is measured against (docs/arena.md).
+# 5. Following a plan live (``periodic``; native/planned.h serves it, the simulated device's rule 10 in
+#    native/simdevice.py): a training loop repeats its iteration, and some blocks outlive the iteration that made
+#    them (gradients, made in the backward, freed by the next ``zero_grad``). So the plan is of one period of a
+#    repeating schedule, cut where the fewest bytes live across (the cut falls between two requests; the bytes
+#    that live across it are left to the allocator's own pools, as is a request that lives a whole period or
+#    more); each request's lifetime is counted from the cut, and the plan is then ``plan``'s. An allocator follows
+#    it as a cycle of requests: the n-th from the cut takes its offset while it has the plan's bytes and no live
+#    block of the arena holds its range; at the first request that differs the program has left the plan, and the
+#    rest go to the pools.
 
 _BUCKET = 64  # events per time bucket (rule 3)
 
@@ -199,3 +208,58 @@ def check(requests: Sequence[Request], p: Plan) -> None:
         assert k == len(live) or hi <= live[k][0], f"request {i} at [{lo}, {hi}) overlaps request {live[k][2]}"
         live.insert(k, (lo, hi, i))
         assert hi <= p.size, f"request {i} ends at {hi}, past the arena's {p.size}"
+
+
+@dataclass(frozen=True)
+class Cycle:
+    cut: int  # the request (by index) the plan's period begins with
+    offsets: list[int]  # per request, in the order given: its offset in the arena, or -1 (the allocator's pools)
+    size: int  # the arena
+
+
+def periodic(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[int], period: int) -> Cycle:
+    """A plan for one period of a repeating schedule (rule 5): request i of ``sizes[i]`` bytes is allocated at event
+    ``starts[i]`` (ascending, within ``[0, period)``) and freed at ``ends[i]`` (after its start, possibly in the
+    next period; -1: it lives on)."""
+    n = len(sizes)
+    if not (len(starts) == n == len(ends)) or period <= 0:
+        raise ValueError(f"torch_dtr: periodic() needs one start and end per size and a period > 0, got {n} sizes, "
+                         f"{len(starts)} starts, {len(ends)} ends, period {period}")
+    cyclic = [ends[i] >= 0 and ends[i] - starts[i] < period for i in range(n)]
+    diff = [0] * (period + 1)  # bytes live at each event of the period, requests from the period before included
+    begin = [0] * (period + 1)  # bytes of the requests allocated at each event
+    for i in range(n):
+        if not cyclic[i]:
+            continue
+        s, e, z = starts[i], ends[i], sizes[i]
+        begin[s] += z
+        diff[s] += z
+        if e <= period:
+            diff[e] -= z
+        else:
+            diff[period] -= z
+            diff[0] += z
+            diff[e - period] -= z
+    live, best, cut_at = 0, None, 0
+    for t in range(period):
+        live += diff[t]
+        across = live - begin[t]
+        if begin[t] and (best is None or across < best):
+            best, cut_at = across, t
+    cut = bisect.bisect_left(list(starts), cut_at) if n else 0
+    offsets = [-1] * n
+    spans: list[Request] = []
+    kept: list[int] = []
+    for i in range(n):
+        if not cyclic[i]:
+            continue
+        s = starts[i] - cut_at + (period if starts[i] < cut_at else 0)
+        e = s + ends[i] - starts[i]
+        if e > period:  # it lives across the cut
+            continue
+        spans.append(Request(s, e, sizes[i]))
+        kept.append(i)
+    p = plan(spans)
+    for i, off in zip(kept, p.offsets, strict=True):
+        offsets[i] = off
+    return Cycle(cut, offsets, p.size)

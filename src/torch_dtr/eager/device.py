@@ -143,6 +143,9 @@ class Device:
     def region_runs(self) -> None:
         """A compiled region was made or runs in the session."""
 
+    def stepped(self) -> None:
+        """An iteration of the program ended (an optimizer step; NOTE [ Iteration plans ])."""
+
     def segments(self) -> list[Segment]:
         """The allocator's layout: each segment's pool and blocks in address order (empty: unknown)."""
         return []

@@ -812,6 +812,8 @@ class Front:
                 try:
                     self.drain()
                     self.rt.boundary()
+                    if self.dev is not None:
+                        self.dev.stepped()
                 finally:
                     self.busy = False
 

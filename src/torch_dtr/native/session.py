@@ -176,6 +176,8 @@ class Session:
             self.rt.boundary()  # NOTE [ Iteration plans ] (core/plan.py)
             if self.trace is not None:
                 self.trace.boundary()
+            if self.dev is not None:
+                self.dev.stepped()
             if self.dev is not None and self.rt.budget is not None:
                 self.rt.sync()
                 self.ext.forget_room()

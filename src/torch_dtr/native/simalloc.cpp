@@ -3,6 +3,8 @@
 // come from whichever thread allocates, with or without the GIL.
 #include "simalloc.h"
 
+#include "planned.h"
+
 #include <c10/util/Exception.h>
 #include <pybind11/stl.h>
 
@@ -32,9 +34,10 @@ struct Segment {
   std::vector<Block> blocks;  // address order
 };
 struct Entry {
-  int64_t seg;  // the segment's address; -1 / -2: the small / large pool's expandable segment
+  int64_t seg;  // the segment's address; -1 / -2: the small / large pool's expandable segment; -3: an arena
   int64_t addr, size;
   bool adopted = false;  // `sim_adopt`: a block allocated before, freed by `sim_forget` (or its address reused)
+  int64_t rec = -1, arena = -1;  // rule 10: its request's id in the follower, and its arena (seg -3)
 };
 // rule 5: an expandable segment is one virtual range per pool, mapped page by page; its blocks, in address order,
 // are allocated, free (mapped, cached) or unmapped (the range's tail, and holes `empty_cache` left)
@@ -60,6 +63,15 @@ std::unordered_map<uintptr_t, Entry> g_live;  // a block's data pointer -> where
 int64_t g_win = 0;  // the most allocated since `window` (simalloc.h)
 int64_t g_alloc = 0, g_peak = 0, g_reserved = 0, g_peak_reserved = 0, g_exp_alloc = 0, g_exp_reserved = 0,
         g_ooms = 0, g_next = int64_t(1) << 40;
+
+// rule 10: planned allocation. Arenas by id (the current one, and those replaced while blocks of theirs lived)
+struct Arena {
+  int64_t base, size, live;
+};
+bool g_planned = false;
+planned::Follower g_follow;
+std::map<int64_t, Arena> g_arenas;
+int64_t g_arena = -1, g_arena_ids = 0, g_settle = 0;
 
 int64_t up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -278,6 +290,15 @@ Entry carve(int64_t nbytes) {  // rules 1-3 and 5
 
 void release(const Entry& e) {  // rule 4
   g_alloc -= e.size;
+  if (e.rec >= 0) g_follow.release(e.rec, e.seg == -3 && e.arena == g_arena ? e.addr - g_arenas.at(e.arena).base : -1);
+  if (e.seg == -3) {  // rule 10: an arena's block; a replaced arena goes with its last block
+    Arena& a = g_arenas.at(e.arena);
+    if (--a.live == 0 && e.arena != g_arena) {
+      g_reserved -= a.size;
+      g_arenas.erase(e.arena);
+    }
+    return;
+  }
   if (e.seg < 0) {  // rule 5: the block merges with free neighbours; its pages stay mapped
     g_exp_alloc -= e.size;
     auto& bl = g_x[e.seg == -1 ? 0 : 1].blocks;
@@ -308,13 +329,32 @@ void release(const Entry& e) {  // rule 4
     blocks.erase(it);
   }
 }
+Entry get(int64_t nbytes) {  // rule 10: a request of the iteration, at its planned offset where it has one
+  if (!g_planned) return carve(nbytes);
+  const int64_t size = std::max(kGranule, up(nbytes, kGranule));
+  const int64_t off = g_follow.offer(size);
+  Entry e;
+  if (off >= 0) {
+    Arena& a = g_arenas.at(g_arena);
+    e = Entry{-3, a.base + off, size};
+    e.arena = g_arena;
+    ++a.live;
+    g_alloc += size;
+    g_peak = std::max(g_peak, g_alloc);
+    g_win = std::max(g_win, g_alloc);
+  } else {
+    e = carve(nbytes);
+  }
+  e.rec = g_follow.commit(size, off);
+  return e;
+}
 }  // namespace
 
 void take(const void* data, size_t n) {
   if (t_uncounted) return;
   std::lock_guard<std::mutex> g(g_mu);
   if (!g_on.load()) return;
-  const Entry e = carve(static_cast<int64_t>(n));
+  const Entry e = get(static_cast<int64_t>(n));
   auto [it, fresh] = g_live.try_emplace(reinterpret_cast<uintptr_t>(data), e);
   if (!fresh) {  // an adopted block's address handed out again: that block is gone
     release(it->second);
@@ -347,7 +387,7 @@ void bind(pybind11::module_& m) {
   namespace py = pybind11;
   // start counting, from nothing: the capacity (-1: none), expandable segments, and the sizes rules 1 and 3 use
   m.def("sim_start", [](int64_t capacity, bool expandable, int64_t small, int64_t small_seg, int64_t mid_seg,
-                        int64_t large, int64_t page) {
+                        int64_t large, int64_t page, bool planned) {
     std::lock_guard<std::mutex> g(g_mu);
     TORCH_CHECK(!g_on.load(), "torch_dtr: a SimulatedDevice is already entered; one at a time (exit it first)");
     g_capacity = capacity;
@@ -363,6 +403,10 @@ void bind(pybind11::module_& m) {
       x.blocks.assign(1, XBlock{x.base, kRange, kUnmapped});
     }
     g_alloc = g_peak = g_reserved = g_peak_reserved = g_exp_alloc = g_exp_reserved = g_ooms = 0;
+    g_planned = planned;
+    g_follow = planned::Follower();
+    g_arenas.clear();
+    g_arena = -1;
     g_on.store(true);
   });
   m.def("sim_stop", [] {
@@ -423,7 +467,7 @@ void bind(pybind11::module_& m) {
   m.def("sim_alloc", [](int64_t n) {
     std::lock_guard<std::mutex> g(g_mu);
     TORCH_CHECK(g_on.load(), "torch_dtr: enter the SimulatedDevice first (with SimulatedDevice(...) as dev:)");
-    const Entry e = carve(n);
+    const Entry e = get(n);
     g_live[kDirect | static_cast<uintptr_t>(e.addr)] = e;
     return std::make_pair(e.addr, e.size);
   });
@@ -442,6 +486,60 @@ void bind(pybind11::module_& m) {
     if (it == g_live.end() || !it->second.adopted) return;
     release(it->second);
     g_live.erase(it);
+  });
+  // rule 10: an iteration ended. Returns whether a plan is followed, and unless so, where the last
+  // (up to) three iterations began ((request id, event) each) with the requests (bytes, start, end) since the first
+  m.def("sim_plan_boundary", [] {
+    std::lock_guard<std::mutex> g(g_mu);
+    const bool done = g_planned && g_follow.boundary();
+    // the blocks that lived across the plan's start (in the pools) are gone by its second boundary: the pools' cache
+    // is released again then, once
+    if (done && g_settle > 0 && --g_settle == 0) empty_cache();
+    if (!done && g_arena >= 0) {  // the program left the plan: its arena goes now, or with its last block
+      Arena& a = g_arenas.at(g_arena);
+      if (a.live == 0) {
+        g_reserved -= a.size;
+        g_arenas.erase(g_arena);
+      }
+      g_arena = -1;
+    }
+    if (done || !g_planned) return std::make_tuple(done, decltype(g_follow.recorded().first){},
+                                                   decltype(g_follow.recorded().second){});
+    auto [marks, reqs] = g_follow.recorded();
+    return std::make_tuple(false, marks, reqs);
+  });
+  // follow a plan from now on: one iteration's requests from its cut, each one's bytes and offset (-1: the pools) in
+  // a new arena of `arena` bytes, the next request being the `pos`-th; the arena is reserved now, after the pools'
+  // free cache is released; false (no plan) where the capacity cannot hold it
+  m.def("sim_plan_set", [](std::vector<int64_t> sizes, std::vector<int64_t> offsets, int64_t arena, int64_t pos) {
+    std::lock_guard<std::mutex> g(g_mu);
+    TORCH_CHECK(g_planned && sizes.size() == offsets.size(), "torch_dtr: sim_plan_set needs a planned device and "
+                "one offset per request");
+    if (g_arena >= 0) {  // the arena before goes now, or with its last block
+      Arena& a = g_arenas.at(g_arena);
+      if (a.live == 0) {
+        g_reserved -= a.size;
+        g_arenas.erase(g_arena);
+      }
+      g_arena = -1;
+    }
+    empty_cache();
+    if (g_capacity >= 0 && g_reserved + arena > g_capacity) return false;
+    g_arena = g_arena_ids++;
+    g_arenas[g_arena] = Arena{g_next, arena, 0};
+    g_next += up(arena, g_page) + g_page;
+    g_reserved += arena;
+    g_peak_reserved = std::max(g_peak_reserved, g_reserved);
+    g_follow.follow(std::move(sizes), std::move(offsets), static_cast<size_t>(pos));
+    g_settle = 2;
+    return true;
+  });
+  // (iterations followed to the end, iterations that left their plan, requests served from an arena, arena bytes)
+  m.def("sim_plan_stats", [] {
+    std::lock_guard<std::mutex> g(g_mu);
+    int64_t bytes = 0;
+    for (const auto& [id, a] : g_arenas) bytes += a.size;
+    return std::make_tuple(g_follow.followed, g_follow.diverged, g_follow.served, bytes);
   });
   m.def("sim_uncounted", [](bool on) {  // this thread's blocks from now on are (not) counted; returns the old
     const bool was = t_uncounted > 0;

@@ -62,6 +62,17 @@ from ..eager.device import GRANULE, SMALL, Device, Segment
 #    at once, but the device block it copies from stays allocated until the copy lands, which its event
 #    (``eager.swap.Landing``) says at the tier's (n+1)-th poll, or at once when waited for. 0 (the default): copies
 #    land as they are made.
+# 10. ``planned=True`` models planned allocation (MegTaiChi's TMA; NOTE [ Planned allocation ] 5 in core/arena.py): the
+#    blocks of each iteration (from one optimizer step to the next: ``stepped``) are recorded in order, with the bytes
+#    of each and when it was allocated and freed. Once two iterations in a row made the same requests (the first steps
+#    differ: the optimizer's state is made, the runtime's iteration plans settle), the first is planned as one period
+#    of a cycle (NOTE [ Planned allocation ] 5) into one arena, which is reserved at once (after releasing the pools'
+#    free cache, as ``empty_cache``), and followed from the next request on; where the program leaves it (counted), the
+#    pools serve the rest as without a plan, the arena is given back at the iteration's end (or with its last block),
+#    and a new plan waits for two iterations alike again. Blocks that live across the plan's cut or longer than an
+#    iteration are the pools'. Layout-aware eviction is off on such a device: the victims it picks by address would
+#    differ between the recorded iteration (blocks in the pools) and the next (blocks in the arena), and with them the
+#    requests.
 
 
 class SimulatedDevice(Device):
@@ -71,13 +82,16 @@ class SimulatedDevice(Device):
     cheap_layout = True  # its own records (NOTE [ Layout-aware eviction ])
 
     def __init__(self, capacity: int | str | None = None, *, expandable: bool = False, scale: float = 1.0,
-                 in_flight: int = 0) -> None:
+                 in_flight: int = 0, planned: bool = False) -> None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
             raise ValueError(f"torch_dtr: SimulatedDevice scale must be a number > 0, got {scale!r}")
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 0:
             raise ValueError(f"torch_dtr: SimulatedDevice in_flight must be an int >= 0 (polls until a copy out "
                              f"lands), got {in_flight!r}")
         self.in_flight = in_flight  # rule 9
+        self.planned = bool(planned)  # rule 10
+        if self.planned:  # (a victim chosen by the layout would differ once blocks sit at planned offsets: rule 10)
+            self.cheap_layout = False
 
         def sized(n: int) -> int:
             return max(GRANULE, int(n * scale) // GRANULE * GRANULE)
@@ -90,6 +104,7 @@ class SimulatedDevice(Device):
         self._expandable = expandable
         self.ext: Any = None  # the compiled front end's module while entered
         self._last = (0, 0, 0, 0, 0)  # the counts when it was exited
+        self._plan_last = (0, 0, 0, 0)
 
     # ------------------------------------------------------------------ entering
     def __enter__(self) -> SimulatedDevice:
@@ -101,7 +116,7 @@ class SimulatedDevice(Device):
             raise RuntimeError(f"torch_dtr: SimulatedDevice counts blocks in the compiled front end's CPU allocator, "
                                f"which could not be built here: {e}") from e
         # (raises where another one is entered: one at a time)
-        ext.sim_start(-1 if self.capacity is None else self.capacity, self._expandable, *self._sizes)
+        ext.sim_start(-1 if self.capacity is None else self.capacity, self._expandable, *self._sizes, self.planned)
         ext.cpu_blocks_sim(True)
         self.ext = ext
         return self
@@ -111,6 +126,7 @@ class SimulatedDevice(Device):
         if ext is None:
             return
         self._last = tuple(ext.sim_stats())
+        self._plan_last = tuple(ext.sim_plan_stats())
         self._expandable = ext.sim_expandable()
         ext.sim_stop()
         ext.cpu_blocks_sim(False)
@@ -182,6 +198,40 @@ class SimulatedDevice(Device):
             yield
         finally:
             self.ext.sim_uncounted(was)
+
+    def stepped(self) -> None:
+        """Rule 10: an iteration ended. Where it did not follow its plan to the end, its requests are planned
+        (NOTE [ Planned allocation ] in core/arena.py) and the next iteration follows that plan."""
+        if self.ext is None or not self.planned:
+            return
+        followed, marks, requests = self.ext.sim_plan_boundary()
+        if followed or len(marks) < 3:
+            return
+        (a, ea), (b, eb), (c, ec) = marks
+        first, second = requests[: b - a], requests[b - a: c - a]
+        # planned once two iterations in a row made the same requests: the same bytes, allocated at the same event
+        # from their iteration's start, those of the first freed within it freed at the same event (the first
+        # iterations differ: the optimizer's state is made, the runtime's iteration plans settle)
+        if not first or len(first) != len(second):
+            return
+        for (z1, s1, e1), (z2, s2, e2) in zip(first, second, strict=True):
+            if z1 != z2 or s1 - ea != s2 - eb or (0 <= e1 < eb and e2 - eb != e1 - ea):
+                return
+        from ..core.arena import periodic  # noqa: PLC0415
+
+        n = len(first)
+        sizes = [z for z, _s, _e in first]
+        cyc = periodic(sizes, [s - ea for _z, s, _e in first], [e - ea if e >= 0 else -1 for _z, _s, e in first],
+                       eb - ea)
+        order = [*range(cyc.cut, n), *range(cyc.cut)]
+        self.ext.sim_plan_set([sizes[i] for i in order], [cyc.offsets[i] for i in order], cyc.size, (n - cyc.cut) % n)
+
+    @property
+    def plan_stats(self) -> dict[str, int]:
+        """Rule 10: iterations that followed their plan to the end, that left it; requests served from an arena;
+        the arenas' bytes now."""
+        st = tuple(self.ext.sim_plan_stats()) if self.ext is not None else self._plan_last
+        return dict(zip(("followed", "diverged", "served", "arena_bytes"), st, strict=True))
 
     def empty_cache(self) -> None:
         """Release every segment that is entirely free (``torch.cuda.empty_cache``)."""
