@@ -43,6 +43,14 @@ from dataclasses import dataclass
 #    it as a cycle of requests: the n-th from the cut takes its offset while it has the plan's bytes and no live
 #    block of the arena holds its range; at the first request that differs the program has left the plan, and the
 #    rest go to the pools.
+# 6. Tried and not kept (2026-11-30): the plan in the pools' own address range (the simulated device's expandable
+#    segments), the blocks alive when it is made (parameters, the optimizer's state, the last step's gradients) as
+#    ranges taken throughout, so that the holes between them are filled again instead of mapped beside an arena. GPT-2
+#    at 80% of its peak, scale 1, after settling: 812 MiB reserved against 730 MiB without a plan (and 766 MiB with the
+#    arena of its own). The gradients alive at that moment die in the next step, but were kept out of the plan's ranges
+#    for all of it; and the runtime's iteration plans changed rule at the 5th step (NOTE [ Iteration plans ] 5), so
+#    the requests changed too. What it would need: the blocks of the steps before the plan told apart from those
+#    that stay, and a request that lives across the cut placed as two pieces at one address.
 
 _BUCKET = 64  # events per time bucket (rule 3)
 
