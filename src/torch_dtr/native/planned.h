@@ -16,6 +16,8 @@ struct Request {
 
 class Follower {
  public:
+  static constexpr size_t kMaxRecorded = size_t(1) << 21;  // requests kept between two steps at most (48 MiB)
+
   int64_t followed = 0, diverged = 0, served = 0;  // iterations followed throughout, plans left; requests served
 
   // the offset in the arena planned for the next request of `size` bytes, or -1: the allocator's own pools (a
@@ -39,6 +41,11 @@ class Follower {
       ++served;
     }
     if (following_ && ++pos_ == sizes_.size()) pos_ = 0;  // the plan is a cycle: one iteration, from its cut
+    if (rec_.size() >= kMaxRecorded) {  // no step ends (inference, no optimizer): start recording afresh
+      base_ += int64_t(rec_.size());
+      rec_.clear();
+      marks_.clear();
+    }
     rec_.push_back(Request{size, ev_++, -1});
     return base_ + int64_t(rec_.size()) - 1;
   }
