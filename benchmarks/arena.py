@@ -56,6 +56,9 @@ def live(name: str, quick: bool, ratio: float | None, planned: bool, scale: floa
             out |= {"allocated": dev.max_allocated(), "reserved": dev.peak_reserved,
                     "reserved_run": max(whole, dev.peak_reserved) if ratio is not None else dev.peak_reserved}
             out |= dev.plan_stats
+            segs = dev.segments()  # the pools' own blocks now (an arena is not among them)
+            out |= {"pools_reserved": sum(b[1] for _s, bl in segs for b in bl),
+                    "pools_used": sum(b[1] for _s, bl in segs for b in bl if b[2])}
         except torch_dtr.BudgetError:
             out["status"] = "BudgetError"
         finally:
@@ -156,11 +159,17 @@ def _followed(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
             pairs.setdefault((name, r["scale"], r["ratio"]), {})[r["planned"]] = r["reserved"]
     both = [p for p in pairs.values() if len(p) == 2]
     less = sum(p[True] < p[False] for p in both)
+    seen = ""
+    for name, r in results:  # the pools beside a followed plan, GPT-2 at scale 1
+        if name == "gpt2" and r["status"] == "ok" and r["planned"] and r["scale"] == 1.0 and r["followed"]:
+            seen = (f" (GPT-2 at {r['ratio']:.0%}, scale 1, after its last step: the pools "
+                    f"{fmt_bytes(r['pools_reserved'])} reserved for {fmt_bytes(r['pools_used'])} allocated, beside "
+                    f"a {fmt_bytes(r['arena_bytes'])} arena)")
+            break
     lines += ["", f"Steady reserved with the plan below that without it in {less} of {len(both)} cases. Where it is "
               "not: the blocks made before the plan and kept (parameters, the optimizer's state) stay where the "
               "first steps put them, between holes that the activations filled before; with the activations moved "
-              "to the arena, the pages of those holes stay mapped beside it (seen on GPT-2 at 80% and scale 1, "
-              "2026-11-30: the large pool 340 MiB reserved for 246 MiB allocated, beside a 306 MiB arena). Planning in "
+              f"to the arena, the pages of those holes stay mapped beside it{seen}. Planning in "
               "the pool's own range instead, around the blocks that stay (NOTE [ Planned allocation ] 6 says how it "
               "went), was tried and not kept. A plan is followed only where the runtime's decisions repeat: GPT-2's "
               "settle by the 7th step, ResNet-50's left every plan here. The LSTM loop draws another sequence "
