@@ -155,9 +155,13 @@ WORKER = Path(__file__).resolve().parents[1] / "tests" / "eager" / "dtp_worker.p
 
 
 def _live(plan: str, budget: int | None) -> list[dict]:
+    """``plan``: dp, fsdp, tp or dtp, placed and left to DTensor (its choices counted against the plan's), or
+    ``dtp+follow``: each op as the plan says (NOTE [ Partition plans live ] 3)."""
     cmd = [sys.executable, str(WORKER), "2", "dtr"] + ([str(budget), "-1"] if budget is not None else [])
+    kind, _, follow = plan.partition("+")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
-                       env={**os.environ, "DTP_PLAN": plan, "DTP_MODEL": "mlp"})
+                       env={**os.environ, "DTP_PLAN": kind, "DTP_MODEL": "mlp",
+                            "DTP_FOLLOW": "1" if follow else "observe"})
     if p.returncode != 0:
         return [{"error": p.stderr.strip().splitlines()[-1][:200]}]
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -165,14 +169,15 @@ def _live(plan: str, budget: int | None) -> list[dict]:
 
 def measure_live() -> list[tuple[str, str, list[dict]]]:
     """The tests' MLP (tests/eager/dtp_worker.py) on 2 gloo ranks under each plan, with torch-dtr: without a
-    budget, and at 0.95 x the planner's plan's peak."""
+    budget, at 0.95 x the planner's plan's peak left to DTensor, and at 0.9 x its peak followed."""
     rows = []
-    for plan in tqdm(("dp", "fsdp", "tp", "dtp"), desc="live, no budget"):
+    plans = ("dp", "fsdp", "tp", "dtp", "dtp+follow")
+    for plan in tqdm(plans, desc="live, no budget"):
         rows.append((plan, "none", _live(plan, None)))
-    dtp_peak = min(r.get("peak_bytes", 0) for r in rows[-1][2])
-    budget = int(0.95 * dtp_peak)
-    for plan in tqdm(("dp", "fsdp", "tp", "dtp"), desc="live, budget"):
-        rows.append((plan, str(budget), _live(plan, budget)))
+    peak = {p: min(r.get("peak_bytes", 0) for r in rs) for p, _, rs in rows}
+    for b in sorted({int(0.95 * peak["dtp"]), int(0.9 * peak["dtp+follow"])}, reverse=True):
+        for plan in tqdm(plans, desc=f"live, budget {fmt_bytes(b)}"):
+            rows.append((plan, str(b), _live(plan, b)))
     return rows
 
 
@@ -183,14 +188,20 @@ def _live_lines(live: list[tuple[str, str, list[dict]]]) -> list[str]:
              "The tests' MLP (4 x (Linear 256 -> 1024, Tanh, Linear 1024 -> 256), batch 64, AdamW; "
              "tests/eager/dtp_worker.py) placed with DTensor by each plan (NOTE [ Partition plans live ]), both ranks "
              "under `torch_dtr.enable(budget)` on this 2-core machine (the ranks share it: times are the machine's, "
-             "not a cluster's). Peak: torch-dtr's per-rank peak; step: median of steps 2-3; losses: equal to one "
-             "process's within 1e-5 (tests/eager/test_dtp.py checks it).", "",
-             "| plan | budget / rank | rank peaks | step (ms) | evictions | result |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "not a cluster's; one thread per rank). `dtp+follow`: the planner's plan followed op by op (NOTE "
+             "[ Partition plans live ] 3); the others: parameters and batch placed by the plan, each op placed by "
+             "DTensor's own sharding propagation. Peak: torch-dtr's per-rank peak; step: median of steps 2-3; "
+             "collectives: DTensor's and the follower's, rank 0's last step, with the bytes they sent; off plan: "
+             "ops whose outputs end in other placements than their plan's, per step (rank 0, mean of 3); modelled: "
+             "the plan's peak per device without eviction; losses: equal to one process's within 1e-5 "
+             "(tests/eager/test_dtp.py checks it).", "",
+             "| plan | budget / rank | rank peaks | modelled | step (ms) | collectives / step | off plan | "
+             "evictions | result |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for plan, budget, rs in live:
         err = next((r.get("error") for r in rs if r.get("error")), None)
         if err and "peak_bytes" not in rs[0]:
-            lines.append(f"| {plan} | {budget} | - | - | - | {err} |")
+            lines.append(f"| {plan} | {budget} | - | - | - | - | - | - | {err} |")
             continue
         peaks = ", ".join(fmt_bytes(r["peak_bytes"]) for r in rs)
         steps = sorted(t for r in rs for t in r.get("step_seconds", [])[1:])
@@ -198,7 +209,16 @@ def _live_lines(live: list[tuple[str, str, list[dict]]]) -> list[str]:
         ev = ", ".join(str(r["evictions"]) for r in rs)
         res = "BudgetError" if err else "trained"
         b = fmt_bytes(int(budget)) if budget != "none" else "none"
-        lines.append(f"| {plan} | {b} | {peaks} | {step} | {ev} | {res} |")
+        r0 = rs[0]
+        comm = r0.get("comms", [{}])[-1] if r0.get("comms") else {}
+        n = sum(v for k, v in comm.items() if k != "bytes")
+        coll = f"{n:.0f} ({fmt_bytes(int(comm.get('bytes', 0)))})" if comm and not err else "-"
+        off = "-"
+        if r0.get("follow") and not err:
+            steps_run = max(1, len(r0.get("step_seconds", [])))
+            off = f"{r0['follow']['off_plan'] / steps_run:.0f}"
+        model = fmt_bytes(r0["plan"]["modelled_peak"]) if "plan" in r0 else "-"
+        lines.append(f"| {plan} | {b} | {peaks} | {model} | {step} | {coll} | {off} | {ev} | {res} |")
     return lines + [""]
 
 

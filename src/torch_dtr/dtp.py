@@ -3,7 +3,9 @@
     place = dtp.plan(model, lambda: step(model, x), devices=2, budget=64 << 20)   # one plain iteration, traced
     dtp.distribute(model, mesh, place)                                           # parameters become DTensors
     x = dtp.distribute_batch(x, mesh, place)
-    ... loss.backward(); dtp.reduce_grads(model); opt.step() ...                 # grads as their parameters
+    follow = dtp.Follower(mesh, place)                                           # each op as planned (3)
+    with follow:
+        ... loss.backward(); dtp.reduce_grads(model); opt.step() ...             # grads as their parameters
 
 NOTE [ Partition plans live ]
 1. ``plan`` records one iteration of the plain program (``recorder.record``, modelled costs: the same plan in
@@ -11,11 +13,28 @@ NOTE [ Partition plans live ]
    parameter and the batch go: replicated, or sharded on a dimension. Every rank computes the same plan from
    the same recording; nothing is sent.
 2. ``distribute`` turns each parameter into a DTensor with its placement; DTensor's own sharding propagation
-   then places each op and redistributes where placements meet (the plan's per-op choices are not enforced:
-   where DTensor picks another strategy for an op, the plan's modelled time is not what runs). Collectives run
+   then places each op and redistributes where placements meet, from the parameters' placements alone, unless
+   a ``Follower`` makes each op follow the plan (3): on the tests' MLP, DTensor's own choices leave the plan's
+   placements on a third of the iteration's ops and hold more memory (docs/partitioning.md). Collectives run
    under torch-dtr's session per rank, their outputs never replayed on one rank alone (NOTE [ Managed vs
    constant ] 7). Tensors the model makes itself (position ids) need DTensor's ``implicit_replication()``
    around the step; gradients go to their parameters' placements before the optimizer (``reduce_grads``).
+3. ``Follower``, a dispatch mode entered around each step, runs the plan op by op. The plan keeps, for every op
+   of the traced iteration, its name, its arguments' shapes, the placements its strategy wants of them and
+   gives its outputs (``OpPlace``). An op with DTensor arguments is matched to the plan's next op of the same
+   name and shapes within a window (32 ops); its arguments are redistributed to the wanted placements first
+   (below autograd: the graph keeps them as they were; the copy is freed after the op, so a tensor several ops
+   want converted is converted for each, where the model keeps one copy to its last reader), and after it an
+   output the plan reduces at once (NOTE [ Partition plans ] 6) or slices from a replicated one; DTensor's
+   sharding propagation, given arguments in a strategy's placements, then runs that strategy. An argument
+   written in place (the optimizer's updates), or viewed by an output whose storage is written in place, is
+   never converted (``kept``): a copy would take the write. An op that matches nothing near the cursor runs
+   on DTensor's own choice and the cursor stays (``unmatched``: the fallback where a step diverges from the
+   traced one, another batch size or branch, or the first step making the optimizer's states); plain ops
+   advance it only when they are next (the optimizer's step counts). Every step restarts at the plan's
+   first op. ``Follower.stats`` counts all of this and the outputs that end in other placements than the
+   plan's (``off_plan``); ``enforce=False`` only counts. Bitwise the same under torch-dtr as without, and on
+   reruns (tests/eager/test_dtp.py).
 """
 
 from __future__ import annotations
@@ -24,10 +43,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .core.partition import Link, Place, Planner, R
+from .core.partition import ANY, Link, P, Place, Planner, R
 from .recorder import record
 from .sim import log as L
 from .sim import partition as sp
@@ -40,6 +61,19 @@ class Placement:
     step_seconds: float  # modelled, per device
     peak_bytes: int  # modelled per device, without eviction
     name: str  # the plan that won: dp, fsdp, tp or dtp
+    ops: tuple[OpPlace, ...] = ()  # the traced iteration's ops, in program order, each with its placements
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlace:
+    """One op of the traced iteration as the plan runs it (NOTE [ Partition plans live ] 3)."""
+
+    name: str  # as the recorder writes it: ``addmm.default``
+    shapes: tuple[tuple[int, ...], ...]  # its tensor arguments' (logical) shapes, in the recorder's order
+    ins: tuple[Place, ...]  # the placement each argument is wanted in (ANY: as it comes)
+    outs: tuple[Place, ...]  # the placement each output is planned in
+    reduce: tuple[Place, ...]  # per output: its placement once reduced right after the op, or ANY
+    keep: frozenset[int]  # arguments never converted: written in place, or viewed by an output
 
 
 def plan(model: torch.nn.Module, step: Callable[[], object], devices: int, budget: int | None = None,
@@ -69,7 +103,14 @@ def plan(model: torch.nn.Module, step: Callable[[], object], devices: int, budge
     else:
         data = planner.data()
         b = chosen.consts.get(data[0], R) if data else R
-    return Placement(params, b, cost.time, cost.peak, chosen.name)
+    ops = []
+    for k, n in enumerate(g.nodes):
+        st = planner.strats[k][chosen.choice[k]]
+        ops.append(OpPlace(n.name, tuple(g.tensors[i].shape for i in n.ins), st.ins, st.outs,
+                           tuple(chosen.reduce.get(o, ANY) for o in n.outs),
+                           frozenset(n.writes) | frozenset(v for v in n.views
+                                                           if v >= 0 and g.tensors[g.tensors[n.ins[v]].base].written)))
+    return Placement(params, b, cost.time, cost.peak, chosen.name, tuple(ops))
 
 
 def _dt(p: Place) -> object:
@@ -106,3 +147,126 @@ def distribute_batch(x: torch.Tensor, mesh: object, place: Placement) -> torch.T
     from torch.distributed.tensor import distribute_tensor
 
     return distribute_tensor(x, mesh, [_dt(place.batch)])
+
+
+def _place_of(t: Any) -> Place:
+    p = t.placements[0]
+    if p.is_shard():
+        return p.dim
+    return P if p.is_partial() else R
+
+
+def _flat(x: Any, out: list[Any]) -> None:  # the recorder's order: tensors, and tensors in lists and tuples
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif type(x) is list or type(x) is tuple:
+        out.extend(y for y in x if isinstance(y, torch.Tensor))
+
+
+def _swap(x: Any, new: dict[int, Any]) -> Any:
+    if isinstance(x, torch.Tensor):
+        return new.get(id(x), x)
+    if type(x) is list or type(x) is tuple:
+        return type(x)(new.get(id(y), y) if isinstance(y, torch.Tensor) else y for y in x)
+    return x
+
+
+@dataclass
+class FollowStats:
+    """What a ``Follower`` did (NOTE [ Partition plans live ] 3), summed over its steps."""
+
+    followed: int = 0  # ops matched to the plan (DTensor ops; plain ones only keep the place)
+    converted: int = 0  # arguments redistributed before an op, or outputs sliced after one, as planned
+    reduced: int = 0  # partial outputs reduced right after their op (NOTE [ Partition plans ] 6)
+    kept: int = 0  # conversions the plan asked for on arguments written in place (left as they are)
+    unmatched: int = 0  # DTensor ops not in the plan near its place: DTensor's own choice (the fallback)
+    skipped: int = 0  # the plan's ops passed over to find the next match
+    off_plan: int = 0  # outputs in another placement than the plan's, after following
+
+
+class Follower(TorchDispatchMode):
+    """NOTE [ Partition plans live ] 3: ``with follower:`` around each training step (forward, backward and
+    the optimizer's step). ``enforce=False`` only counts where DTensor's own choices leave the plan."""
+
+    def __init__(self, mesh: Any, place: Placement, window: int = 32, enforce: bool = True) -> None:
+        super().__init__()
+        if not place.ops:
+            raise ValueError("torch_dtr: this Placement has no per-op plan (make it with dtp.plan())")
+        self.mesh, self.ops, self.window, self.enforce = mesh, place.ops, window, enforce
+        self.k = 0
+        self.stats = FollowStats()
+        self._names: dict[Any, str] = {}
+
+    def __enter__(self) -> Follower:
+        self.k = 0  # every step starts at the traced iteration's first op
+        return super().__enter__()
+
+    def _match(self, name: str, flat: list[Any], exact: bool) -> int:
+        ops, k = self.ops, self.k
+        shapes = tuple(tuple(t.shape) for t in flat)
+        for j in range(k, min(k + (1 if exact else self.window), len(ops))):
+            if ops[j].name == name and ops[j].shapes == shapes:
+                return j
+        return -1
+
+    def _place(self, ts: list[Any], wants: tuple[Place, ...], skip: frozenset[int] = frozenset()) -> dict[int, Any]:
+        from torch.distributed.tensor import DTensor
+
+        new: dict[int, Any] = {}
+        with torch.no_grad():  # below autograd: its graph holds the op's own arguments
+            for i, (t, want) in enumerate(zip(ts, wants, strict=False)):
+                if want == ANY or type(t) is not DTensor or id(t) in new or _place_of(t) == want:
+                    continue
+                if i in skip:
+                    self.stats.kept += 1
+                    continue
+                new[id(t)] = t.redistribute(self.mesh, [_dt(want)])
+        return new
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        from torch.distributed.tensor import DTensor
+
+        kwargs = kwargs or {}
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = str(func).removeprefix("aten.")
+        flat: list[Any] = []
+        for a in args:
+            _flat(a, flat)
+        for a in kwargs.values():
+            _flat(a, flat)
+        st = self.stats
+        if not any(type(t) is DTensor for t in flat):  # plain (an optimizer's step count): keeps the place
+            if self._match(name, flat, True) >= 0:
+                self.k += 1
+            return func(*args, **kwargs)
+        j = self._match(name, flat, False)
+        if j < 0:  # not in the traced iteration here: DTensor's own choice
+            st.unmatched += 1
+            return func(*args, **kwargs)
+        st.followed += 1
+        st.skipped += j - self.k
+        self.k = j + 1
+        op = self.ops[j]
+        if self.enforce:
+            new = self._place(flat, op.ins, op.keep)
+            if new:
+                st.converted += len(new)
+                args = tuple(_swap(a, new) for a in args)
+                kwargs = {k: _swap(v, new) for k, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        outs: list[Any] = []
+        _flat(out, outs)
+        want = tuple(o if r == ANY else r for o, r in zip(op.outs, op.reduce, strict=True))
+        if self.enforce and not op.keep:  # reduced at once, or sliced from a replicated output (local)
+            with torch.no_grad():
+                new = {id(o): o.redistribute(self.mesh, [_dt(w)]) for o, w in zip(outs, want, strict=False)
+                       if type(o) is DTensor and w != ANY and w != P and _place_of(o) in (P, R) and _place_of(o) != w}
+            if new:
+                st.reduced += sum(1 for o in outs if id(o) in new and _place_of(o) == P)
+                st.converted += sum(1 for o in outs if id(o) in new and _place_of(o) == R)
+                out = _swap(out, new)
+                outs = [new.get(id(o), o) for o in outs]
+        st.off_plan += sum(1 for o, w in zip(outs, want, strict=False)
+                           if type(o) is DTensor and w != ANY and _place_of(o) != w)
+        return out

@@ -13,6 +13,7 @@ timeout).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ import torch.multiprocessing as mp
 
 WIDTH, DEPTH, BATCH, STEPS = 256, 4, 64, 3
 MODEL = os.environ.get("DTP_MODEL", "mlp")
+COMMS: list[dict] = []  # collectives per step, this process
+DIVERGE = bool(os.environ.get("DTP_DIVERGE"))
 TIMES: list[float] = []  # seconds per step, this process  # or "gpt2": the bench's GPT-2, small, dropout off
 
 
@@ -58,21 +61,58 @@ def _loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean()
 
 
-def _train(model: torch.nn.Module, x: torch.Tensor, value) -> list[float]:
+class _Comms:
+    """Counts the collectives DTensor runs (its own and the follower's) and the bytes they send, per step."""
+
+    def __init__(self) -> None:
+        import torch.distributed._functional_collectives as funcol
+
+        self.counts: dict[str, float] = {}
+        if not hasattr(funcol, "_dtp_counts"):
+            funcol._dtp_counts = [None]
+            for n in ("all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single",
+                      "all_gather_tensor", "reduce_scatter_tensor"):
+                setattr(funcol, n, functools.partial(_counted, getattr(funcol, n), n, funcol._dtp_counts))
+        funcol._dtp_counts[0] = self.counts
+
+    def __enter__(self) -> _Comms:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed._functional_collectives as funcol
+
+        funcol._dtp_counts[0] = None
+
+
+def _counted(f, name: str, where: list, x: torch.Tensor, *a, **k):
+    c = where[0]
+    if c is not None:
+        c[name] = c.get(name, 0) + 1
+        c["bytes"] = c.get("bytes", 0) + x.numel() * x.element_size()
+    return f(x, *a, **k)
+
+
+def _train(model: torch.nn.Module, x: torch.Tensor, value, follow=None) -> list[float]:
+    import contextlib
+
     from torch.distributed.tensor.experimental import implicit_replication
 
     from torch_dtr import dtp
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     losses = []
-    for _ in range(STEPS):
+    for i in range(STEPS):
+        xb = x[: x.shape[0] // 2] if DIVERGE and i == 1 else x  # the second step diverges from the traced one
         t0 = time.perf_counter()
-        with implicit_replication():  # tensors the model makes itself (GPT-2's position ids) are replicated
-            loss = _loss(model, x)
-            loss.backward()
-        dtp.reduce_grads(model)
-        opt.step()
-        opt.zero_grad()
+        comm = _Comms()
+        with comm, follow or contextlib.nullcontext():  # the plan's placements op by op, or DTensor's own choices
+            with implicit_replication():  # tensors the model makes itself (GPT-2's position ids) are replicated
+                loss = _loss(model, xb)
+                loss.backward()
+            dtp.reduce_grads(model)
+            opt.step()
+            opt.zero_grad()
+        COMMS.append({str(k): v for k, v in comm.counts.items()})
         losses.append(value(loss))
         TIMES.append(time.perf_counter() - t0)
     return losses
@@ -97,6 +137,7 @@ def _plan(world: int, budget: int | None, kind: str):
 def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, plan_budget: int | None,
               q: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the ranks share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -113,7 +154,11 @@ def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, p
     if mode == "dtr":
         torch_dtr.enable(budget)
     try:
-        out["losses"] = _train(model, x, lambda loss: torch_dtr.unwrap(loss.full_tensor()).item())
+        how = os.environ.get("DTP_FOLLOW", "")
+        follow = dtp.Follower(mesh, place, enforce=how != "observe") if how else None
+        out["losses"] = _train(model, x, lambda loss: torch_dtr.unwrap(loss.full_tensor()).item(), follow)
+        if follow is not None:
+            out["follow"] = dataclasses.asdict(follow.stats)
     except Exception as e:  # reported, so that the test shows what failed on which rank
         out["error"] = f"{type(e).__name__}: {str(e)[:400]}"
     finally:
@@ -126,6 +171,7 @@ def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, p
         h.update(p.to_local().detach().contiguous().numpy().tobytes())
     out["digest"] = h.hexdigest()[:16]
     out["step_seconds"] = TIMES
+    out["comms"] = COMMS
     q.put(out)
     dist.destroy_process_group()
 
