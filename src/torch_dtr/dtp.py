@@ -61,7 +61,7 @@ class Placement:
     step_seconds: float  # modelled, per device
     peak_bytes: int  # modelled per device, without eviction
     name: str  # the plan that won: dp, fsdp, tp or dtp
-    ops: tuple[OpPlace, ...] = ()  # the traced iteration's ops, in program order, each with its placements
+    ops: tuple[OpPlace, ...] = ()  # the traced iteration's ops on DTensors, in program order, with placements
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +98,17 @@ def plan(model: torch.nn.Module, step: Callable[[], object], devices: int, budge
     chosen = planner.search(budget) if kind == "dtp" else planner.fixed(kind)
     cost = planner.cost(chosen)
     params = {n: chosen.consts.get(index[ln], R) if ln in index else R for n, ln in log_names.items()}
-    if batch_name is not None and batch_name in index:
-        b = chosen.consts.get(index[batch_name], R)
-    else:
-        data = planner.data()
-        b = chosen.consts.get(data[0], R) if data else R
+    data = [index[batch_name]] if batch_name is not None and batch_name in index else planner.data()[:1]
+    b = chosen.consts.get(data[0], R) if data else R
+    # what becomes a DTensor (NOTE [ Partition plans live ] 3): the parameters, their optimizer states, the batch,
+    # and what any op makes from one of them; the rest (step counts, masks made from scratch) stays plain
+    dts = set(data) | {index[ln] for ln in log_names.values() if ln in index}
+    dts |= {m for t in list(dts) for m in planner.groups.get(t, ())}
     ops = []
     for k, n in enumerate(g.nodes):
+        if not any(i in dts or g.tensors[i].base in dts for i in n.ins):
+            continue
+        dts.update(n.outs)
         st = planner.strats[k][chosen.choice[k]]
         ops.append(OpPlace(n.name, tuple(g.tensors[i].shape for i in n.ins), st.ins, st.outs,
                            tuple(chosen.reduce.get(o, ANY) for o in n.outs),
@@ -171,6 +175,26 @@ def _swap(x: Any, new: dict[int, Any]) -> Any:
     return x
 
 
+def _convert(t: Any, want: Place, mesh: Any) -> Any:
+    """``t`` in placement ``want`` (DTensor's ``redistribute``); a shard cut from a whole tensor gets storage of
+    its own (``_compact``). On a CPU mesh DTensor turns one shard into another by gathering the whole tensor
+    (gloo has an all-to-all, which DTensor does not use there; one written here with ``all_to_all_single`` gave
+    wrong gradients under eviction, not understood yet: not used)."""
+    return _compact(t.redistribute(mesh, [_dt(want)]))
+
+
+def _compact(t: Any) -> Any:
+    """A shard cut from a whole tensor is a view of it (a slice; gloo's all-to-all gathers, then cuts): its own
+    storage, so the whole one is freed."""
+    from torch.distributed.tensor import DTensor
+
+    loc = t._local_tensor
+    if loc.untyped_storage().nbytes() <= loc.numel() * loc.element_size():
+        return t
+    return DTensor.from_local(loc.clone(), t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                              stride=t.stride())
+
+
 @dataclass
 class FollowStats:
     """What a ``Follower`` did (NOTE [ Partition plans live ] 3), summed over its steps."""
@@ -220,7 +244,7 @@ class Follower(TorchDispatchMode):
                 if i in skip:
                     self.stats.kept += 1
                     continue
-                new[id(t)] = t.redistribute(self.mesh, [_dt(want)])
+                new[id(t)] = _convert(t, want, self.mesh)
         return new
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
@@ -236,10 +260,8 @@ class Follower(TorchDispatchMode):
         for a in kwargs.values():
             _flat(a, flat)
         st = self.stats
-        if not any(type(t) is DTensor for t in flat):  # plain (an optimizer's step count): keeps the place
-            if self._match(name, flat, True) >= 0:
-                self.k += 1
-            return func(*args, **kwargs)
+        if not any(type(t) is DTensor for t in flat):  # plain: the program's (an optimizer's step count) or
+            return func(*args, **kwargs)  # torch-dtr's recomputations, which differ across ranks: never matched
         j = self._match(name, flat, False)
         if j < 0:  # not in the traced iteration here: DTensor's own choice
             st.unmatched += 1
@@ -260,7 +282,7 @@ class Follower(TorchDispatchMode):
         want = tuple(o if r == ANY else r for o, r in zip(op.outs, op.reduce, strict=True))
         if self.enforce and not op.keep:  # reduced at once, or sliced from a replicated output (local)
             with torch.no_grad():
-                new = {id(o): o.redistribute(self.mesh, [_dt(w)]) for o, w in zip(outs, want, strict=False)
+                new = {id(o): _convert(o, w, self.mesh) for o, w in zip(outs, want, strict=False)
                        if type(o) is DTensor and w != ANY and w != P and _place_of(o) in (P, R) and _place_of(o) != w}
             if new:
                 st.reduced += sum(1 for o in outs if id(o) in new and _place_of(o) == P)

@@ -26,10 +26,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WIDTH, DEPTH, BATCH, STEPS = 256, 4, 64, 3
-MODEL = os.environ.get("DTP_MODEL", "mlp")
+MODEL = os.environ.get("DTP_MODEL", "mlp")  # or "gpt2": the bench's GPT-2, small, dropout off
+PEAKS: list[int] = []  # torch-dtr's peak in each step, this process
 COMMS: list[dict] = []  # collectives per step, this process
 DIVERGE = bool(os.environ.get("DTP_DIVERGE"))
-TIMES: list[float] = []  # seconds per step, this process  # or "gpt2": the bench's GPT-2, small, dropout off
+TIMES: list[float] = []  # seconds per step, this process
 
 
 def _model() -> torch.nn.Module:
@@ -97,6 +98,7 @@ def _train(model: torch.nn.Module, x: torch.Tensor, value, follow=None) -> list[
 
     from torch.distributed.tensor.experimental import implicit_replication
 
+    import torch_dtr
     from torch_dtr import dtp
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
@@ -112,6 +114,9 @@ def _train(model: torch.nn.Module, x: torch.Tensor, value, follow=None) -> list[
             dtp.reduce_grads(model)
             opt.step()
             opt.zero_grad()
+        if torch_dtr.enabled():
+            PEAKS.append(torch_dtr.stats().peak_bytes)
+            torch_dtr.reset_peak()
         COMMS.append({str(k): v for k, v in comm.counts.items()})
         losses.append(value(loss))
         TIMES.append(time.perf_counter() - t0)
@@ -166,12 +171,14 @@ def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, p
             st = dataclasses.asdict(torch_dtr.stats())
             torch_dtr.disable()
             out |= {k: st[k] for k in ("evictions", "rematerializations", "peak_bytes", "floor_bytes")}
+            out["peak_bytes"] = max([st["peak_bytes"], *PEAKS])  # (reset after every step)
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.to_local().detach().contiguous().numpy().tobytes())
     out["digest"] = h.hexdigest()[:16]
     out["step_seconds"] = TIMES
     out["comms"] = COMMS
+    out["step_peaks"] = PEAKS
     q.put(out)
     dist.destroy_process_group()
 

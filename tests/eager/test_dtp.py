@@ -72,20 +72,24 @@ def test_the_plan_trains_where_data_parallelism_cannot(world: int, dtr_front: st
             assert a["losses"] == b["losses"] and a["digest"] == b["digest"]
 
 
-def test_the_bench_gpt2_trains_under_its_plan_within_a_budget(dtr_front: str) -> None:
-    """The bench's GPT-2 (2 layers, width 128, 4 x 64 tokens, dropout off), 2 ranks, at 0.95 of its plan's peak."""
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_bench_gpt2_trains_following_its_plan_within_a_budget(world: int, dtr_front: str) -> None:
+    """The bench's GPT-2 (2 layers, width 128, 4 x 64 tokens, dropout off) on 2 and 4 ranks, its plan followed op
+    by op, at 0.9 of the followed peak: bitwise as without torch-dtr, equal to one process within 1e-5."""
     if dtr_front == "python":
         pytest.skip("the default front end only (the suite's time)")
     single = _run(2, "single", model="gpt2")[0]["losses"]
-    plain = _run(2, "plain", model="gpt2")
-    free = _run(2, "dtr", model="gpt2")
+    plain = _run(world, "plain", model="gpt2", follow="1")
+    free = _run(world, "dtr", model="gpt2", follow="1")
     for a, b in zip(plain, free, strict=True):
         assert "error" not in b, b["error"]
         assert a["losses"] == b["losses"] and a["digest"] == b["digest"]
         assert a["losses"] == pytest.approx(single, rel=1e-5)
+        f = b["follow"]
+        assert f["followed"] > 0 and f["off_plan"] <= f["kept"], f  # off the plan only where a write kept it
     assert any(p >= 0 for p in free[0]["plan"]["params"].values())
-    budget = int(0.95 * min(r["peak_bytes"] for r in free))
-    for a, b in zip(plain, _run(2, "dtr", budget, model="gpt2"), strict=True):
+    budget = int(0.9 * min(r["peak_bytes"] for r in free))
+    for a, b in zip(plain, _run(world, "dtr", budget, model="gpt2", follow="1"), strict=True):
         assert "error" not in b, b["error"]
         assert b["peak_bytes"] <= budget and b["evictions"] > 0, b
         assert a["losses"] == b["losses"] and a["digest"] == b["digest"]
@@ -95,7 +99,7 @@ def test_the_plan_is_followed_op_by_op_and_a_diverging_step_falls_back(dtr_front
     """NOTE [ Partition plans live ] 3 on the MLP, 2 ranks: every op of the traced iteration runs in the plan's
     placements (DTensor's own choices leave it: counted below), the memory is the plan's, and a step whose
     batch is half the traced one's (it matches nothing) runs on DTensor's own choices, then the next step
-    follows again; under torch-dtr at 0.9 of the followed peak, bitwise the same as without it, and on reruns."""
+    follows again; under torch-dtr at 0.95 of the followed peak, bitwise the same as without it, and on reruns."""
     if dtr_front == "python":
         pytest.skip("the default front end only (the suite's time)")
     single = _run(2, "single", diverge=True)[0]["losses"]
@@ -109,7 +113,7 @@ def test_the_plan_is_followed_op_by_op_and_a_diverging_step_falls_back(dtr_front
         assert f["off_plan"] == 0 and f["followed"] > 0 and f["converted"] > 0 and f["reduced"] > 0, f
         assert f["skipped"] > 0 and f["unmatched"] > 0, f  # the half batch's step matched nothing
         assert b["peak_bytes"] <= 1.05 * b["plan"]["modelled_peak"], b  # the plan's memory, as modelled
-    budget = int(0.9 * min(r["peak_bytes"] for r in free))
+    budget = int(0.95 * min(r["peak_bytes"] for r in free))
     runs = [_run(2, "dtr", budget, follow="1", diverge=True) for _ in range(2)]
     for a, b, c in zip(plain, *runs, strict=True):
         for r in (b, c):
