@@ -7,8 +7,9 @@ bench's GPT-2, a mixture-of-experts layer with data-dependent routing and the be
 each device count compares data parallel, fully sharded and tensor parallel plans with the planner's
 (NOTE [ Partition plans ]) and, on graphs small enough, the exact ILP's, each replayed through the DTR
 runtime at a per-device budget of ``--ratio`` x data parallel's per-device peak (NOTE [ Partition replay ]).
-Then the tests' MLP runs live on 2 gloo ranks under each plan (``--no-live`` skips it). About 10 minutes on 2
-cores.
+Then the tests' MLP runs live on 2 gloo ranks under each plan, and the planner's plan left to DTensor and
+followed op by op on the MLP at 4 ranks and a small GPT-2 at 2 and 4 (``--no-live`` skips it). About 12 minutes
+on 2 cores.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=0.5)
     ap.add_argument("--gbps", type=float, default=10.0)
     ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--no-live", action="store_true", help="skip the live runs on 2 gloo ranks")
+    ap.add_argument("--no-live", action="store_true", help="skip the live runs on gloo ranks")
     a = ap.parse_args()
     out = Path(a.out)
     t0 = time.perf_counter()
@@ -154,76 +155,88 @@ def main() -> None:
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "eager" / "dtp_worker.py"
 
 
-def _live(plan: str, budget: int | None) -> list[dict]:
+def _live(plan: str, budget: int | None, world: int = 2, model: str = "mlp") -> list[dict]:
     """``plan``: dp, fsdp, tp or dtp, placed and left to DTensor (its choices counted against the plan's), or
     ``dtp+follow``: each op as the plan says (NOTE [ Partition plans live ] 3)."""
-    cmd = [sys.executable, str(WORKER), "2", "dtr"] + ([str(budget), "-1"] if budget is not None else [])
+    cmd = [sys.executable, str(WORKER), str(world), "dtr"] + ([str(budget), "-1"] if budget is not None else [])
     kind, _, follow = plan.partition("+")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
-                       env={**os.environ, "DTP_PLAN": kind, "DTP_MODEL": "mlp",
+                       env={**os.environ, "DTP_PLAN": kind, "DTP_MODEL": model,
                             "DTP_FOLLOW": "1" if follow else "observe"})
     if p.returncode != 0:
         return [{"error": p.stderr.strip().splitlines()[-1][:200]}]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def measure_live() -> list[tuple[str, str, list[dict]]]:
-    """The tests' MLP (tests/eager/dtp_worker.py) on 2 gloo ranks under each plan, with torch-dtr: without a
-    budget, at 0.95 x the planner's plan's peak left to DTensor, and at 0.9 x its peak followed."""
-    rows = []
+Live = tuple[str, int, str, str, list[dict]]  # model, ranks, plan, budget per rank ("none" or bytes), per rank
+
+
+def measure_live() -> list[Live]:
+    """With torch-dtr on every rank. The tests' MLP on 2 gloo ranks under each plan: without a budget, at 0.95 x
+    the planner's plan's peak left to DTensor, and at 0.9 x its peak followed. Then the planner's plan left to
+    DTensor and followed, on the MLP at 4 ranks and the bench's GPT-2 at 2 and 4: without a budget and at 0.9 x
+    the followed peak."""
+    rows: list[Live] = []
     plans = ("dp", "fsdp", "tp", "dtp", "dtp+follow")
-    for plan in tqdm(plans, desc="live, no budget"):
-        rows.append((plan, "none", _live(plan, None)))
-    peak = {p: min(r.get("peak_bytes", 0) for r in rs) for p, _, rs in rows}
+    for plan in tqdm(plans, desc="live mlp x 2, no budget"):
+        rows.append(("mlp", 2, plan, "none", _live(plan, None)))
+    peak = {p: min(r.get("peak_bytes", 0) for r in rs) for _, _, p, _, rs in rows}
     for b in sorted({int(0.95 * peak["dtp"]), int(0.9 * peak["dtp+follow"])}, reverse=True):
-        for plan in tqdm(plans, desc=f"live, budget {fmt_bytes(b)}"):
-            rows.append((plan, str(b), _live(plan, b)))
+        for plan in tqdm(plans, desc=f"live mlp x 2, budget {fmt_bytes(b)}"):
+            rows.append(("mlp", 2, plan, str(b), _live(plan, b)))
+    for model, world in (("mlp", 4), ("gpt2", 2), ("gpt2", 4)):
+        runs = {p: _live(p, None, world, model) for p in tqdm(("dtp", "dtp+follow"), desc=f"live {model} x {world}")}
+        b = int(0.9 * min(r.get("peak_bytes", 0) for r in runs["dtp+follow"]))
+        for p, rs in runs.items():
+            rows.append((model, world, p, "none", rs))
+        for p in ("dtp", "dtp+follow"):
+            rows.append((model, world, p, str(b), _live(p, b, world, model)))
     return rows
 
 
-def _live_lines(live: list[tuple[str, str, list[dict]]]) -> list[str]:
+def _live_lines(live: list[Live]) -> list[str]:
     if not live:
         return []
-    lines = ["## Live, 2 CPU ranks (gloo)", "",
-             "The tests' MLP (4 x (Linear 256 -> 1024, Tanh, Linear 1024 -> 256), batch 64, AdamW; "
-             "tests/eager/dtp_worker.py) placed with DTensor by each plan (NOTE [ Partition plans live ]), both ranks "
-             "under `torch_dtr.enable(budget)` on this 2-core machine (the ranks share it: times are the machine's, "
-             "not a cluster's; one thread per rank). `dtp+follow`: the planner's plan followed op by op (NOTE "
+    lines = ["## Live, CPU ranks (gloo)", "",
+             "mlp: the tests' MLP (4 x (Linear 256 -> 1024, Tanh, Linear 1024 -> 256), batch 64, AdamW); gpt2: the "
+             "bench's GPT-2, smaller (2 layers, width 128, 4 x 64 tokens, dropout off); tests/eager/dtp_worker.py. "
+             "Placed with DTensor by each plan (NOTE [ Partition plans live ]), every rank under "
+             "`torch_dtr.enable(budget)` on this 2-core machine (the ranks share it: times are the machine's, not a "
+             "cluster's; cores / ranks threads per rank). `dtp+follow`: the planner's plan followed op by op (NOTE "
              "[ Partition plans live ] 3); the others: parameters and batch placed by the plan, each op placed by "
-             "DTensor's own sharding propagation. Peak: torch-dtr's per-rank peak; step: median of steps 2-3; "
-             "collectives: DTensor's and the follower's, rank 0's last step, with the bytes they sent; off plan: "
-             "ops whose outputs end in other placements than their plan's, per step (rank 0, mean of 3); modelled: "
-             "the plan's peak per device without eviction; losses: equal to one process's within 1e-5 "
-             "(tests/eager/test_dtp.py checks it).", "",
-             "| plan | budget / rank | rank peaks | modelled | step (ms) | collectives / step | off plan | "
+             "DTensor's own sharding propagation. Peak: torch-dtr's per-rank peak (the most of the ranks'); "
+             "modelled: the plan's peak per device without eviction; step: median of steps 2-3 over the ranks; "
+             "collectives: DTensor's and the follower's in rank 0's last step, with the bytes they sent; off plan: "
+             "ops whose outputs end in other placements than the plan's, per step (rank 0, mean of 3); losses: "
+             "equal to one process's within 1e-5 (tests/eager/test_dtp.py checks it).", "",
+             "| model | ranks | plan | budget / rank | peak | modelled | step (ms) | collectives / step | off plan | "
              "evictions | result |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for plan, budget, rs in live:
-        err = next((r.get("error") for r in rs if r.get("error")), None)
-        if err and "peak_bytes" not in rs[0]:
-            lines.append(f"| {plan} | {budget} | - | - | - | - | - | - | {err} |")
-            continue
-        peaks = ", ".join(fmt_bytes(r["peak_bytes"]) for r in rs)
-        steps = sorted(t for r in rs for t in r.get("step_seconds", [])[1:])
-        step = f"{1e3 * steps[len(steps) // 2]:.1f}" if steps else "-"
-        ev = ", ".join(str(r["evictions"]) for r in rs)
-        res = "BudgetError" if err else "trained"
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for model, world, plan, budget, rs in live:
         b = fmt_bytes(int(budget)) if budget != "none" else "none"
+        err = next((r.get("error") for r in rs if r.get("error")), None)
+        head = f"| {model} | {world} | {plan} | {b} |"
+        if err and "peak_bytes" not in rs[0]:
+            lines.append(f"{head} - | - | - | - | - | - | {err} |")
+            continue
+        peak = fmt_bytes(max(r["peak_bytes"] for r in rs))
+        steps = sorted(t for r in rs for t in r.get("step_seconds", [])[1:])
+        step = f"{1e3 * steps[len(steps) // 2]:.1f}" if steps and not err else "-"
+        ev = ", ".join(str(r["evictions"]) for r in rs) if world <= 2 else f"{max(r['evictions'] for r in rs)} (most)"
+        res = "BudgetError" if err else "trained"
         r0 = rs[0]
-        comm = r0.get("comms", [{}])[-1] if r0.get("comms") else {}
+        comm = r0["comms"][-1] if r0.get("comms") else {}
         n = sum(v for k, v in comm.items() if k != "bytes")
         coll = f"{n:.0f} ({fmt_bytes(int(comm.get('bytes', 0)))})" if comm and not err else "-"
-        off = "-"
-        if r0.get("follow") and not err:
-            steps_run = max(1, len(r0.get("step_seconds", [])))
-            off = f"{r0['follow']['off_plan'] / steps_run:.0f}"
-        model = fmt_bytes(r0["plan"]["modelled_peak"]) if "plan" in r0 else "-"
-        lines.append(f"| {plan} | {b} | {peaks} | {model} | {step} | {coll} | {off} | {ev} | {res} |")
+        off = f"{r0['follow']['off_plan'] / max(1, len(r0['step_seconds'])):.0f}" if r0.get("follow") and not err \
+            else "-"
+        model_peak = fmt_bytes(r0["plan"]["modelled_peak"]) if "plan" in r0 else "-"
+        lines.append(f"{head} {peak} | {model_peak} | {step} | {coll} | {off} | {ev} | {res} |")
     return lines + [""]
 
 
 def write(out: Path, results: list[dict], a: argparse.Namespace, secs: float,
-          live: list[tuple[str, str, list[dict]]] | None = None) -> None:
+          live: list[Live] | None = None) -> None:
     lines = [
         "# Partitioning across devices (simulated)",
         "",
