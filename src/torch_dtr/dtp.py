@@ -177,10 +177,11 @@ def _swap(x: Any, new: dict[int, Any]) -> Any:
 
 
 def _convert(t: Any, want: Place, mesh: Any) -> Any:
-    """``t`` in placement ``want`` (DTensor's ``redistribute``); a shard cut from a whole tensor gets storage of
-    its own (``_compact``). On a CPU mesh DTensor turns one shard into another by gathering the whole tensor
-    (gloo has an all-to-all, which DTensor does not use there; one written here with ``all_to_all_single`` gave
-    wrong gradients under eviction, not understood yet: not used)."""
+    """``t`` in placement ``want``: DTensor's ``redistribute``; a shard cut from a whole tensor gets storage of its
+    own (``_compact``). On a CPU mesh DTensor turns one shard into another by gathering the whole tensor (D shards
+    per device). Calling DTensor's all-to-all op (``_dtensor.shard_dim_alltoall``) here instead gave wrong
+    gradients on gloo once torch-dtr evicted (the bench's GPT-2, 2 ranks, budgets 7.8-8.4 MB: every run), where
+    ``redistribute`` is bitwise at the same budgets: not understood, not used."""
     return _compact(t.redistribute(mesh, [_dt(want)]))
 
 
