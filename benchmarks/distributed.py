@@ -371,11 +371,10 @@ def write(a: argparse.Namespace, size: dict, rows: list, scale: list, raw: dict,
               "and collectives' outputs are never recomputed, so under FSDP2 and tensor parallelism recomputation "
               "alone can evict only what lies between them; with the host tier (`swap=True`) such pinned values "
               "are copied to host memory instead (NOTE [ Swapping ] 9). With `reshard_after_forward=False` FSDP2 "
-              "keeps each layer's parameters from its forward to its backward and nothing is pinned. A known bug: "
-              "under the compiled front end the outputs of functional collectives (`_c10d_functional`'s "
-              "all-reduce, broadcast and all-to-all, DTensor's all-to-all) keep the allocation of their buffer as "
-              "their recipe, so one that is evicted is recomputed wrong, silently "
-              "(tests/native/test_collective_outputs.py, strict xfails)."]
+              "keeps each layer's parameters from its forward to its backward and nothing is pinned. The outputs of "
+              "functional collectives (DTensor's) are pinned as well: before 2026-11-30 the compiled front end "
+              "kept the allocation of their buffer as their recipe, and one that was evicted was recomputed wrong "
+              "(tests/native/test_collective_outputs.py). These rows were measured before that."]
     passed = sum(_held(r[2], budgets.get((r[0], r[1]))).startswith("NO") for r in rows)
     if cuda and passed and (date or "9999") < "2026-11-29":
         lines += [f"{passed} rows passed their budget, all with the host tier (the Python front end, 2026-11-26), as "

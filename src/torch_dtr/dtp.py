@@ -179,9 +179,9 @@ def _swap(x: Any, new: dict[int, Any]) -> Any:
 def _convert(t: Any, want: Place, mesh: Any) -> Any:
     """``t`` in placement ``want``: DTensor's ``redistribute``; a shard cut from a whole tensor gets storage of its
     own (``_compact``). On a CPU mesh DTensor turns one shard into another by gathering the whole tensor (D shards
-    per device). Calling DTensor's all-to-all op (``_dtensor.shard_dim_alltoall``) here instead gave wrong
-    gradients on gloo once torch-dtr evicted (the bench's GPT-2, 2 ranks, budgets 7.8-8.4 MB: every run), where
-    ``redistribute`` is bitwise at the same budgets: not understood, not used."""
+    per device). Calling DTensor's all-to-all op here instead gave wrong gradients once torch-dtr evicted: the
+    compiled front end recomputed its output as an empty buffer (fixed since: front.cpp ``collective_kernel``);
+    a real all-to-all here is not measured yet."""
     return _compact(t.redistribute(mesh, [_dt(want)]))
 
 

@@ -1,15 +1,12 @@
-"""Known bug, kept visible: outputs of functional collectives under the compiled front end.
+"""Outputs of functional collectives under the compiled front end are never recomputed.
 
 ``_c10d_functional``'s ops (and DTensor's ``_dtensor.shard_dim_alltoall``) have CompositeExplicitAutograd
-kernels, which serve PrivateUse1 as well, so the compiled front end does not take them as it takes c10d's ops
-(front.cpp, ``claim``): their composite runs at its key, the output buffer it allocates from a managed input
-(``new_empty``, ``clone``, ``empty_like``) becomes a managed value with that allocation as its recipe, and the
-collective then writes into it where the front end does not see. Evicted and recomputed, such a value is garbage
-(all-to-all) or the unreduced input (all-reduce), silently. Found through dtp's follower (an all-to-all it called
-gave wrong gradients once torch-dtr evicted). Claiming these ops in ``claim`` (as foreign, run below the bit) made
-their outputs non-recomputable, but crashed (a segfault, "data is not allocated yet") with the asynchronous
-collectives' outputs: not landed. One process, a gloo group of one rank (an all-to-all of one rank copies), in a
-subprocess. ``strict``: a fix makes these pass, and then the marks go.
+kernels, which serve PrivateUse1 as well: their composite allocates the output from a managed input
+(``new_empty``, ``clone``, ``empty_like``: a managed value whose recipe is that allocation) and the collective
+writes into it where no op shows it. Before front.cpp's ``collective_kernel`` such a value, evicted and
+recomputed, was garbage (all-to-all) or the unreduced input (all-reduce), silently: found through dtp's follower,
+whose all-to-all gave wrong gradients once torch-dtr evicted. Now the kernel pins what these ops return. One
+process, a gloo group of one rank (an all-to-all of one rank copies), in a subprocess.
 """
 
 from __future__ import annotations
@@ -46,10 +43,9 @@ def _run(body: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.xfail(strict=True, reason="functional collectives' outputs keep their buffer's allocation as recipe")
 def test_an_all_to_all_output_is_never_recomputed_from_its_empty_buffer():
-    """16 blocks each read an all-to-all's output; at 3 MB (about half the peak) the runtime evicts: the gradients
-    must be plain's bitwise, or the budget refused loudly."""
+    """16 blocks each read an all-to-all's output; at 4 MB (about 0.6 of the peak) the runtime evicts around the
+    pinned outputs, and the gradients are plain's bitwise (before the fix they were not)."""
     out = _run("""
         torch.manual_seed(0)
         lin, ln, x0 = torch.nn.Linear(256, 256), torch.nn.LayerNorm(256), torch.randn(64, 256)
@@ -76,15 +72,14 @@ def test_an_all_to_all_output_is_never_recomputed_from_its_empty_buffer():
                     native.disable()
 
         ref, _, _ = grads(None)
-        g, ev, err = grads(3_000_000)
+        g, ev, err = grads(4_000_000)
         print(json.dumps({"equal": g is not None and bool(torch.equal(ref, g)), "evictions": ev, "error": err}))
     """)
-    assert out["error"] or (out["evictions"] > 0 and out["equal"]), out
+    assert not out["error"] and out["evictions"] > 0 and out["equal"], out
 
 
-@pytest.mark.xfail(strict=True, reason="functional collectives' outputs keep their buffer's allocation as recipe")
-def test_what_a_collective_writes_has_no_recipe():
-    """The core may not recompute a collective's output by running the allocation of its buffer again."""
+def test_what_a_collective_writes_is_pinned():
+    """The core may not recompute a collective's output by running the allocation of its buffer again: pinned."""
     out = _run("""
         ext = native.load()
         native.enable(None)
@@ -102,7 +97,7 @@ def test_what_a_collective_writes_has_no_recipe():
             y = funcol.wait_tensor(f())
             y = getattr(y, "elem", y)
             st = ext.storage_of(y) if ext.is_managed(y) else None
-            recipes[name] = None if st is None or st.op is None else st.op.name
+            recipes[name] = None if st is None or st.op is None or st.pinned else st.op.name
         native.disable()
         print(json.dumps(recipes))
     """)

@@ -47,7 +47,9 @@ the Python core.
 #    value back first, and pin it where the memory leaves PyTorch (NOTE [ Native exports ]); a C++ extension
 #    that reads ``data_ptr<T>()`` itself is not seen. Under torch.distributed (DDP, FSDP2, tensor parallelism)
 #    c10d's collectives, which have PrivateUse1 kernels of their own, are taken by the kernel and run below the
-#    bit, never replayed (front.cpp, ``claim``); FSDP2's reshards are told to the core before they free the
+#    bit, never replayed (front.cpp, ``claim``); functional collectives (DTensor's), whose composite kernels
+#    allocate their output as a managed op and write into it unseen, have what they return pinned
+#    (``collective_kernel``); FSDP2's reshards are told to the core before they free the
 #    unsharded parameters, as the Python front end tells its own (NOTE [ Resharded parameters ]).
 # 6. The host tier (``enable(swap=True)``; NOTE [ Swapping ], NOTE [ Host copies ]): the core chooses, as with
 #    the Python front end, and its tier (native/swap.py) moves a victim's bytes out of its slot into a plain

@@ -2126,7 +2126,39 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   managed(op, f, below, stack, start);
 }
 
+// Functional collectives (`_c10d_functional`'s, DTensor's all-to-all) have CompositeExplicitAutograd kernels,
+// which serve PrivateUse1 as well: their composite allocates the output from a managed input (`new_empty`,
+// `clone`, `empty_like`: a managed value whose recipe is that allocation), and the collective then writes into
+// it where no op shows it (or into its input, for the in-place ones). Recomputed, such a value was garbage or the
+// unreduced input. This kernel runs the composite below the bit, the thread attached as before (the allocation
+// stays a managed op: its input made resident, its output counted), then pins what the op returns, as the core
+// pins c10d's written outputs: never evicted, never recomputed (tests/native/test_collective_outputs.py).
+void collective_kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+  op.redispatchBoxed(below_of(ks), stack);
+  if (g_depth > 0) return;
+  const size_t nout = op.schema().returns().size();
+  if (stack->size() < nout) return;
+  std::vector<std::pair<int64_t, py::object>> got;
+  py::gil_scoped_acquire gil;
+  Lock lock;
+  for (size_t i = stack->size() - nout; i < stack->size(); ++i)
+    each_tensor((*stack)[i], [&](const at::Tensor& t) {
+      Handle* h = handle_of(t);
+      if (h) got.emplace_back(h->buffer->epoch, py::reinterpret_borrow<py::object>(h->buffer->storage));
+    });
+  for (auto& [epoch, storage] : got) {
+    py::object session = (*g_sessions)[epoch];
+    if (session.is_none()) continue;
+    py::list one;
+    one.append(storage);
+    session.attr("pin")(one);
+  }
+}
+
 std::unique_ptr<torch::Library> g_lib, g_other, g_c10d;
+// the other libraries' ops that claim() takes (functional collectives), one library per namespace (leaked, as
+// the ones above: registrations live as long as the process)
+auto* g_foreign = new std::unordered_map<std::string, std::unique_ptr<torch::Library>>();
 
 // Every aten op gets the kernel for PrivateUse1 (composite kernels registered for all backends would otherwise
 // run instead of a fallback), and for the other per-backend functionalities that the TLS bit also selects
@@ -2157,6 +2189,22 @@ int64_t claim() {
       if (!name.overload_name.empty()) full += "." + name.overload_name;
       g_c10d->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
       continue;
+    }
+    for (const char* ns : {"_c10d_functional::", "_dtensor::"}) {  // collective_kernel
+      const std::string pre(ns);
+      if (name.name.rfind(pre, 0) != 0) continue;
+      auto op = c10::Dispatcher::singleton().findOp(name);
+      if (!op || name.name == pre + "wait_tensor" || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+        break;
+      auto& lib = (*g_foreign)[pre];
+      if (!lib)
+        lib = std::make_unique<torch::Library>(torch::Library::IMPL, pre.substr(0, pre.size() - 2),
+                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+      std::string full = name.name.substr(pre.size());
+      if (!name.overload_name.empty()) full += "." + name.overload_name;
+      lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&collective_kernel>());
+      break;
     }
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
