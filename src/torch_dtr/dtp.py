@@ -31,9 +31,10 @@ NOTE [ Partition plans live ]
    written in place (the optimizer's updates), or viewed by an output whose storage is written in place, is
    never converted (``kept``): a copy would take the write. An op that matches nothing near the cursor runs
    on DTensor's own choice and the cursor stays (``unmatched``: the fallback where a step diverges from the
-   traced one, another batch size or branch, or the first step making the optimizer's states); plain ops
-   advance it only when they are next (the optimizer's step counts). Every step restarts at the plan's
-   first op. ``Follower.stats`` counts all of this and the outputs that end in other placements than the
+   traced one, another batch size or branch, or the first step making the optimizer's states). The plan holds
+   only the ops on DTensors (what a parameter, its optimizer states or the batch flows into); plain ops never
+   move the cursor (torch-dtr's recomputations are plain ops, and differ across ranks). Every step restarts
+   at the plan's first op. ``Follower.stats`` counts all of this and the outputs that end in other placements than the
    plan's (``off_plan``); ``enforce=False`` only counts. Bitwise the same under torch-dtr as without, and on
    reruns (tests/eager/test_dtp.py).
 """
@@ -201,7 +202,7 @@ def _compact(t: Any) -> Any:
 class FollowStats:
     """What a ``Follower`` did (NOTE [ Partition plans live ] 3), summed over its steps."""
 
-    followed: int = 0  # ops matched to the plan (DTensor ops; plain ones only keep the place)
+    followed: int = 0  # ops on DTensors matched to the plan
     converted: int = 0  # arguments redistributed before an op, or outputs sliced after one, as planned
     reduced: int = 0  # partial outputs reduced right after their op (NOTE [ Partition plans ] 6)
     kept: int = 0  # conversions the plan asked for on arguments written in place (left as they are)
@@ -227,10 +228,10 @@ class Follower(TorchDispatchMode):
         self.k = 0  # every step starts at the traced iteration's first op
         return super().__enter__()
 
-    def _match(self, name: str, flat: list[Any], exact: bool) -> int:
+    def _match(self, name: str, flat: list[Any]) -> int:
         ops, k = self.ops, self.k
         shapes = tuple(tuple(t.shape) for t in flat)
-        for j in range(k, min(k + (1 if exact else self.window), len(ops))):
+        for j in range(k, min(k + self.window, len(ops))):
             if ops[j].name == name and ops[j].shapes == shapes:
                 return j
         return -1
@@ -264,7 +265,7 @@ class Follower(TorchDispatchMode):
         st = self.stats
         if not any(type(t) is DTensor for t in flat):  # plain: the program's (an optimizer's step count) or
             return func(*args, **kwargs)  # torch-dtr's recomputations, which differ across ranks: never matched
-        j = self._match(name, flat, False)
+        j = self._match(name, flat)
         if j < 0:  # not in the traced iteration here: DTensor's own choice
             st.unmatched += 1
             return func(*args, **kwargs)
