@@ -15,8 +15,8 @@ NOTE [ Partition plans live ]
 2. ``distribute`` turns each parameter into a DTensor with its placement; DTensor's own sharding propagation
    then places each op and redistributes where placements meet, from the parameters' placements alone, unless
    a ``Follower`` makes each op follow the plan (3): DTensor's own choices leave the plan's placements on 16-32%
-   of the ops and hold 1.1-1.7x the followed plan's peak (the tests' MLP and a small GPT-2 on 2 and 4 ranks, where
-   only the followed plan trains at 0.9 of its peak: docs/partitioning.md). Collectives run
+   of the ops and hold 1.1-1.7x the followed plan's peak (the tests' MLP and a small GPT-2 on 2 and 4 ranks; at
+   0.9 of the followed peak GPT-2 trains only when followed: docs/partitioning.md). Collectives run
    under torch-dtr's session per rank, their outputs never replayed on one rank alone (NOTE [ Managed vs
    constant ] 7). Tensors the model makes itself (position ids) need DTensor's ``implicit_replication()``
    around the step; gradients go to their parameters' placements before the optimizer (``reduce_grads``).
