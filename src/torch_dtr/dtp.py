@@ -178,12 +178,38 @@ def _swap(x: Any, new: dict[int, Any]) -> Any:
 
 
 def _convert(t: Any, want: Place, mesh: Any) -> Any:
-    """``t`` in placement ``want``: DTensor's ``redistribute``; a shard cut from a whole tensor gets storage of its
-    own (``_compact``). On a CPU mesh DTensor turns one shard into another by gathering the whole tensor (D shards
-    per device). Calling DTensor's all-to-all op here instead gave wrong gradients once torch-dtr evicted: the
-    compiled front end recomputed its output as an empty buffer (fixed since: front.cpp ``collective_kernel``);
-    a real all-to-all here is not measured yet."""
+    """``t`` in placement ``want``: one shard dimension for another by an all-to-all (``_all_to_all``), else
+    DTensor's ``redistribute``; a shard cut from a whole tensor gets storage of its own (``_compact``)."""
+    have = _place_of(t)
+    if have >= 0 and want >= 0 and have != want:
+        out = _all_to_all(t, have, want, mesh)
+        if out is not None:
+            return out
     return _compact(t.redistribute(mesh, [_dt(want)]))
+
+
+def _all_to_all(t: Any, a: int, b: int, mesh: Any) -> Any:
+    """``t``, sharded on dimension ``a``, sharded on ``b`` instead: each rank sends the others their pieces of its
+    shard (one all-to-all) and joins what it gets along ``a``, holding about three shards at once. On a CPU mesh
+    DTensor's own ``redistribute`` gathers the whole tensor first (D shards per device). None where the mesh has
+    several dimensions or a dimension does not split evenly (DTensor's way then)."""
+    from torch.distributed._functional_collectives import all_to_all_single, wait_tensor
+    from torch.distributed.tensor import DTensor, Shard
+
+    d = mesh.size()
+    if mesh.ndim != 1 or t.shape[a] % d or t.shape[b] % d:
+        return None
+    loc = t._local_tensor
+    order = [b] + [i for i in range(loc.dim()) if i != b]
+    x = loc.permute(order).contiguous()  # dimension b first: the piece for rank j is its j-th block of rows
+    y = wait_tensor(all_to_all_single(x, None, None, mesh.get_group(0)))
+    del x
+    pa = order.index(a)  # the block from rank i holds rank i's part of dimension a: join them there, in rank order
+    y = y.view(d, y.shape[0] // d, *y.shape[1:]).movedim(0, pa)
+    z = y.reshape(*y.shape[:pa], d * y.shape[pa + 1], *y.shape[pa + 2:])
+    del y
+    z = z.permute([order.index(i) for i in range(loc.dim())]).contiguous()
+    return DTensor.from_local(z, mesh, [Shard(b)], run_check=False)
 
 
 def _compact(t: Any) -> Any:

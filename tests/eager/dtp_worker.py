@@ -139,6 +139,52 @@ def _plan(world: int, budget: int | None, kind: str):
     return dtp.plan(m, step, world, budget, batch=x, kind=kind)
 
 
+def _all_to_all_check(world: int) -> dict:
+    """Every Shard(a) -> Shard(b) of a few tensors by ``dtp._all_to_all`` against DTensor's ``redistribute``: plain,
+    then under torch-dtr at a budget that evicts (the all-to-all's output is a collective's: pinned). Under
+    no_grad, so that ops on plain tensors are managed (NOTE [ Managed vs constant ] 5)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import torch_dtr
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    bad: list = []
+    checked = 0
+    for managed in (False, True):
+        if managed:
+            torch_dtr.enable(budget=384 << 10)
+        with torch.no_grad():
+            for shape in [(8, 12), (4, 8, 16), (2, 4, 8, 4), (12, 4, 8)]:
+                full = torch.randn(*shape, generator=g)
+                for a in range(len(shape)):
+                    for b in range(len(shape)):
+                        if a != b and shape[a] % world == 0 and shape[b] % world == 0:
+                            checked += 1
+                            if not _same_shards(full, a, b, mesh):
+                                bad.append([list(shape), a, b, managed])
+    st = torch_dtr.stats()
+    torch_dtr.disable()
+    return {"checked": checked, "mismatches": bad, "evictions": st.evictions, "ops": st.ops}
+
+
+def _same_shards(full: torch.Tensor, a: int, b: int, mesh) -> bool:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import torch_dtr
+    from torch_dtr.dtp import _all_to_all
+
+    t = distribute_tensor(full, mesh, [Shard(a)])
+    base = t._local_tensor.sum() + torch.arange(16384.0)
+    ballast = [base * k for k in range(8)]  # 512 KiB: evictions
+    got = _all_to_all(t, a, b, mesh)
+    want = t.redistribute(mesh, [Shard(b)])
+    sums = [float(x.sum()) for x in ballast]  # (read back after the all-to-all: recomputed where evicted)
+    return (tuple(got.placements) == (Shard(b),) and got.shape == want.shape
+            and torch.equal(torch_dtr.unwrap(got._local_tensor), torch_dtr.unwrap(want._local_tensor))
+            and sums == [float(x.sum()) for x in ballast])
+
+
 def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, plan_budget: int | None,
               q: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -150,6 +196,10 @@ def rank_main(rank: int, world: int, port: int, mode: str, budget: int | None, p
     from torch_dtr import dtp
 
     out: dict = {"rank": rank}
+    if mode == "alltoall":
+        q.put(out | _all_to_all_check(world))
+        dist.destroy_process_group()
+        return
     place = _plan(world, plan_budget, os.environ.get("DTP_PLAN", "dtp"))
     out["plan"] = {"name": place.name, "batch": place.batch, "params": place.params,
                    "modelled_peak": place.peak_bytes}

@@ -75,7 +75,8 @@ def test_the_plan_trains_where_data_parallelism_cannot(world: int, dtr_front: st
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_bench_gpt2_trains_following_its_plan_within_a_budget(world: int, dtr_front: str) -> None:
     """The bench's GPT-2 (2 layers, width 128, 4 x 64 tokens, dropout off) on 2 and 4 ranks, its plan followed op
-    by op, at 0.9 of the followed peak: bitwise as without torch-dtr, equal to one process within 1e-5."""
+    by op, near its modelled peak without a budget and at about 0.9 of it with one: bitwise as without torch-dtr,
+    equal to one process within 1e-5."""
     if dtr_front == "python":
         pytest.skip("the default front end only (the suite's time)")
     single = _run(2, "single", model="gpt2")[0]["losses"]
@@ -87,8 +88,14 @@ def test_the_bench_gpt2_trains_following_its_plan_within_a_budget(world: int, dt
         assert a["losses"] == pytest.approx(single, rel=1e-5)
         f = b["follow"]
         assert f["followed"] > 0 and f["off_plan"] <= f["kept"], f  # off the plan only where a write kept it
+        # about the plan's memory, as modelled: one shard dimension turns into another by an all-to-all, not by
+        # gathering the whole tensor (1.6x the modelled peak on 4 ranks that way; 1.00-1.15x with the all-to-all,
+        # 2026-11-30: when freed DTensors' shards go back varies from run to run)
+        assert b["peak_bytes"] <= 1.25 * b["plan"]["modelled_peak"], b
     assert any(p >= 0 for p in free[0]["plan"]["params"].values())
-    budget = int(0.9 * min(r["peak_bytes"] for r in free))
+    # 0.9 of the followed peak, or 0.92 of the modelled one where more: on 4 ranks the followed peak is within a few
+    # percent of the model, and 0.9 of it is below what a step needs (a BudgetError at 3.80 MB, trained at 3.90 MB)
+    budget = int(max(0.9 * min(r["peak_bytes"] for r in free), 0.92 * free[0]["plan"]["modelled_peak"]))
     for a, b in zip(plain, _run(world, "dtr", budget, model="gpt2", follow="1"), strict=True):
         assert "error" not in b, b["error"]
         assert b["peak_bytes"] <= budget and b["evictions"] > 0, b
@@ -122,3 +129,14 @@ def test_the_plan_is_followed_op_by_op_and_a_diverging_step_falls_back(dtr_front
             assert a["losses"] == r["losses"] and a["digest"] == r["digest"]
     observed = _run(2, "plain", follow="observe")  # DTensor's own choices from the plan's parameter placements
     assert all(r["follow"]["off_plan"] > 0 for r in observed), [r["follow"] for r in observed]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_one_shard_dimension_for_another_by_all_to_all_equals_dtensors_redistribute(world: int) -> None:
+    """``dtp._all_to_all`` (the follower's Shard(a) -> Shard(b)) gives DTensor's own result, local shards bitwise,
+    for every pair of dimensions of 2-4 dimensional tensors; plain and under torch-dtr at a budget that evicts."""
+    out = _spawn(world, "alltoall", None, "dtp", "mlp")
+    for r in out:
+        assert "error" not in r, r["error"]
+        assert r["checked"] >= 20 and r["mismatches"] == [], r
+        assert r["evictions"] > 0, r

@@ -58,7 +58,9 @@ from .tensor import Cell, DTRTensor, geometry, view_of
 #    AsyncCollectiveTensor) go first: the mode returns NotImplemented for an op with one among its arguments,
 #    and sees the ops they run on their local tensors, which it manages as any other. Their own outputs (a
 #    wrapper without storage) stay unmanaged. A collective's output is never replayed (its op is not aten's:
-#    FuncInfo.replayable), so no rank recomputes one alone.
+#    FuncInfo.replayable), so no rank recomputes one alone; c10d's in-place collectives (``dist.all_reduce(t)``)
+#    write their first argument without their schemas saying so, and count as writing it (FuncInfo.mutated):
+#    a managed tensor they wrote is pinned, never recomputed as what it was before.
 #
 # NOTE [ Threads ]
 #
@@ -153,6 +155,15 @@ def step_level(args: tuple, kwargs: dict) -> int:
     closure, 2 one with (whose closure runs ops under grad mode inside the step)."""
     closure = args[1] if len(args) > 1 else kwargs.get("closure")
     return 1 if closure is None else 2
+
+
+def _refs_in(a: Any) -> list[Ref]:
+    """The managed arguments in ``a``: one, or those in a list (of lists: c10d's ``allgather_``)."""
+    if type(a) is Ref:
+        return [a]
+    if type(a) in (list, tuple):
+        return [r for x in a for r in _refs_in(x)]
+    return []
 
 
 class Front:
@@ -486,9 +497,9 @@ class Front:
         rt = self.rt
         cow: list[Storage] = []
         for m in fi.mutated:
-            r = fi.arg(m, targs, tkwargs)
-            if type(r) is Ref and r.storage not in cow:
-                cow.append(r.storage)
+            for r in _refs_in(fi.arg(m, targs, tkwargs)):  # (a list: foreach ops, c10d's collectives)
+                if r.storage not in cow:
+                    cow.append(r.storage)
         if fi.hidden_writes and fi.arg(fi.training, targs, tkwargs):  # batch norm's statistics, if managed
             for h in fi.hidden_writes:
                 r = fi.arg(h, targs, tkwargs)

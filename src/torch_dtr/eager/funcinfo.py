@@ -66,6 +66,11 @@ class FuncInfo:
             return pos, a.name
 
         self.mutated = tuple(where(a) for a in args if a.alias_info is not None and a.alias_info.is_write)
+        if func.namespace == "c10d" and func._overloadpacket.__name__.endswith("_") and args and not self.mutated:
+            # c10d's in-place collectives (allreduce_, broadcast_, allgather_, recv_, ...) write their first
+            # argument, which their schemas leave unmarked: a value they wrote is theirs alone (pinned), never
+            # recomputed from what it was before
+            self.mutated = (where(args[0]),)
         rets: list[tuple[int, str, bool] | None] = []
         for r in schema.returns:
             ai = r.alias_info

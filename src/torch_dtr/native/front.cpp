@@ -706,16 +706,22 @@ const Facts& build_facts(const c10::OperatorHandle& op) {
         a.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
       f.random = true;
   }
+  const std::string& full = schema.name();
+  std::string base = full.substr(full.find("::") + 2);
+  if (full.rfind("c10d::", 0) == 0 && !base.empty() && base.back() == '_' && !f.writes && !f.written.empty()) {
+    // c10d's in-place collectives (allreduce_, broadcast_, allgather_, recv_, ...) write their first argument,
+    // which their schemas leave unmarked (as eager/funcinfo.py): what they wrote is pinned, never recomputed
+    f.written[0] = true;
+    f.writes = true;
+  }
   for (const auto& r : schema.returns()) {
     f.returns.push_back(r.alias_info());
     f.fresh |= !r.alias_info() && r.type()->kind() == c10::TypeKind::TensorType;
   }
   f.random |= op.hasTag(at::Tag::nondeterministic_seeded);
-  std::string base = schema.name().substr(schema.name().find("::") + 2);
   // as eager/funcinfo.py: replaying these would repeat a side effect or give another value
   static const char* never[] = {"record_stream", "set_", "resize_", "resize_as_", "_local_scalar_dense", "linalg_lstsq"};
   for (const char* n : never) f.replayable &= base != n;
-  const std::string& full = schema.name();
   f.foreign = full.rfind("aten::", 0) != 0 && full.rfind("prims::", 0) != 0;
   f.replayable &= !f.foreign;
   static const char* crossing[] = {"_to_copy", "to", "copy", "_copy_from", "_copy_from_and_resize"};
