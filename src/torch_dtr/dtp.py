@@ -15,8 +15,9 @@ NOTE [ Partition plans live ]
 2. ``distribute`` turns each parameter into a DTensor with its placement; DTensor's own sharding propagation
    then places each op and redistributes where placements meet, from the parameters' placements alone, unless
    a ``Follower`` makes each op follow the plan (3): DTensor's own choices leave the plan's placements on 16-32%
-   of the ops and hold 1.1-1.7x the followed plan's peak (the tests' MLP and a small GPT-2 on 2 and 4 ranks; at
-   0.9 of the followed peak GPT-2 trains only when followed: docs/partitioning.md). Collectives run
+   of the ops and hold 1.2-1.7x the followed plan's peak (the tests' MLP and a small GPT-2 on 2 and 4 ranks; at
+   about 0.9 of the followed peak GPT-2 on 2 and 4 ranks and the MLP on 4 train only when followed; followed,
+   the peak is 0.85-1.18x the modelled one: docs/partitioning.md). Collectives run
    under torch-dtr's session per rank, their outputs never replayed on one rank alone (NOTE [ Managed vs
    constant ] 7). Tensors the model makes itself (position ids) need DTensor's ``implicit_replication()``
    around the step; gradients go to their parameters' placements before the optimizer (``reduce_grads``).
@@ -24,8 +25,10 @@ NOTE [ Partition plans live ]
    of the traced iteration, its name, its arguments' shapes, the placements its strategy wants of them and
    gives its outputs (``OpPlace``). An op with DTensor arguments is matched to the plan's next op of the same
    name and shapes within a window (32 ops); its arguments are redistributed to the wanted placements first
-   (below autograd: the graph keeps them as they were; the copy is freed after the op, so a tensor several ops
-   want converted is converted for each, where the model keeps one copy to its last reader), and after it an
+   (one shard dimension for another by an all-to-all, ``_all_to_all``: on a CPU mesh DTensor's own
+   ``redistribute`` gathers the whole tensor, D shards per rank; below autograd: the graph keeps them as they
+   were; the copy is freed after the op, so a tensor several ops want converted is converted for each, where
+   the model keeps one copy to its last reader), and after it an
    output the plan reduces at once (NOTE [ Partition plans ] 6) or slices from a replicated one; DTensor's
    sharding propagation, given arguments in a strategy's placements, then runs that strategy. An argument
    written in place (the optimizer's updates), or viewed by an output whose storage is written in place, is
