@@ -307,3 +307,22 @@ def test_an_evicted_in_place_chain_comes_back_in_one_buffer():
     finally:
         torch_dtr.disable()
     assert torch.equal(got, want)
+
+
+def test_foreach_writes_in_place_to_managed_tensors_are_kept():
+    # ``torch._foreach_mul_(ts, 3)`` writes a list argument; the Python front end read only a single tensor as
+    # written, so each value kept the recipe of what it was before and came back as that once evicted (silently,
+    # until 2026-11-30). Under no_grad (ops on plain tensors are managed there), then every storage evicted.
+    base = torch.arange(4096.0) + 1
+    want = [base * k * 3 + base for k in (1, 2)]
+    torch_dtr.enable(budget=None)
+    try:
+        with torch.no_grad():
+            ts = [base * k for k in (1, 2)]
+            torch._foreach_mul_(ts, 3.0)
+            torch._foreach_add_(ts, [base, base])
+            evict_all()
+            got = [plain(t) for t in ts]
+    finally:
+        torch_dtr.disable()
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
