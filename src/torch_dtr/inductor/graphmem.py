@@ -2,9 +2,10 @@
 budget ] 2).
 
 A value is counted from the op that makes it to the last op that reads it or a view of it; a graph's outputs
-are held to its end (the caller keeps them). Inductor fuses a pointwise op into the pointwise ops and
-reductions that read it, so such a value is never written to memory: it is counted only where a reader
-cannot fuse it (a matrix product, a convolution, any kernel of its own) or the graph returns it. A pointwise
+are held to its end (the caller keeps them). Inductor inlines a pointwise op into the pointwise ops and
+reductions that read it, so such a value is never written to memory and what it reads lives on to its readers:
+it is written only where a reader cannot inline it (a matrix product, a convolution, any kernel of its own), the
+graph returns it, or inductor's thresholds for values read more than once say so (``_written``). A pointwise
 kernel writes its output into an input of the same bytes whose last reader it is (inductor's in-place buffers).
 """
 
@@ -72,9 +73,20 @@ def _kind(n: fx.Node) -> str:
     return "kernel"
 
 
-def _written(nodes: list[fx.Node]) -> set[fx.Node]:
-    """The ops whose values inductor writes to memory."""
+# what inductor's lowering (torch 2.6-2.13) realizes of a pointwise value rather than inlining it into its readers
+# (GraphLowering.run_node, StorageBox.should_realize_on_reuse): ops it calls heavy on the CPU, and its thresholds
+# on the buffers an inlined expression reads and the ops it holds, (CPU, other devices)
+_HEAVY = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+_READS = 4  # realize_reads_threshold: more reads than this, read by more than one op
+_ACC_READS = {True: 12, False: 8}  # realize_*acc_reads_threshold: more than this, whatever reads it
+_OPS = {True: 50, False: 30}  # realize_*opcount_threshold: more ops than this, read by more than one op
+
+
+def _written(nodes: list[fx.Node], refs: dict[fx.Node, dict[int, int]]) -> tuple[set[fx.Node], dict[fx.Node, set[int]]]:
+    """The ops whose values inductor writes to memory, and for every node the storages reading it reads: its own
+    where it is written (or an input), else those its inlined expression reads."""
     kinds = {n: _kind(n) for n in nodes if n.op == "call_function"}
+    cpu = all(t.device.type == "cpu" for n in nodes for t in _tensors(n.meta.get("val")))
 
     def readers(n: fx.Node) -> Iterable[fx.Node]:
         for u in n.users:
@@ -83,15 +95,38 @@ def _written(nodes: list[fx.Node]) -> set[fx.Node]:
             else:
                 yield u
 
-    out = set()
-    for n, k in kinds.items():
-        if k in ("kernel", "reduction"):
-            out.add(n)
-        elif k == "pointwise":
-            rs = set(readers(n))
-            if len(rs) > 1 or any(u.op == "output" or kinds.get(u) == "kernel" for u in rs):
+    out: set[fx.Node] = set()
+    src: dict[fx.Node, set[int]] = {}
+    made: set[int] = set()  # storages written (or handed in)
+    heavy: dict[fx.Node, bool] = {}
+    ops: dict[fx.Node, int] = {}
+    for n in nodes:
+        k = kinds.get(n)
+        ins = [a for a in n.all_input_nodes if a in src]
+        reads = set().union(*(src[a] for a in ins))
+        if k == "view":
+            own = refs[n].keys() & made
+            src[n] = set(own) if own else reads
+            heavy[n], ops[n] = any(heavy.get(a, False) for a in ins), sum(ops.get(a, 0) for a in ins)
+            continue
+        if k == "pointwise":
+            inl = [a for a in ins if a not in out and kinds.get(a) in ("pointwise", "view")]
+            heavy[n] = getattr(n.target, "overloadpacket", n.target).__name__ in _HEAVY or any(heavy[a] for a in inl)
+            ops[n] = 1 + sum(ops[a] for a in inl)
+            rs = list(readers(n))
+            many = len(n.users) > 1
+            if (any(u.op == "output" or kinds.get(u) == "kernel" for u in rs) or len(reads) > _ACC_READS[cpu]
+                    or (many and ((cpu and heavy[n]) or ops[n] > _OPS[cpu] or len(reads) > _READS))):
                 out.add(n)
-    return out
+            else:
+                src[n] = reads  # inlined: its readers read what it reads
+                continue
+        elif k in ("kernel", "reduction"):
+            out.add(n)
+        src[n] = set(refs[n])
+        made |= refs[n].keys()
+        heavy[n], ops[n] = False, 0
+    return out, src
 
 
 def graph_bytes(gm: fx.GraphModule, given: dict[int, int] | None = None) -> GraphBytes:
@@ -104,13 +139,14 @@ def graph_bytes(gm: fx.GraphModule, given: dict[int, int] | None = None) -> Grap
     for n in nodes:
         if n.op == "placeholder":
             inputs |= refs[n].keys()
+    written, src = _written(nodes, refs)
     end = len(nodes)
     last: dict[int, int] = {}
+    reads: dict[fx.Node, set[int]] = {}
     for i, n in enumerate(nodes):
-        for a in n.all_input_nodes:
-            for k in refs[a]:
-                last[k] = end if n.op == "output" else i
-    written = _written(nodes)
+        reads[n] = set().union(*(src.get(a, refs[a].keys()) for a in n.all_input_nodes))
+        for k in reads[n]:  # an inlined value is read where its readers run, later: the last reader wins
+            last[k] = end if n.op == "output" else i
     pointwise = {n for n in written if _kind(n) == "pointwise"}
     frees: dict[int, list[int]] = {}
     size: dict[int, int] = dict(given or {})
@@ -123,8 +159,7 @@ def graph_bytes(gm: fx.GraphModule, given: dict[int, int] | None = None) -> Grap
         inplace = 0
         if n in written:
             # a pointwise kernel writes an output in place of an input of the same bytes that dies here
-            dying = [size[k] for a in n.all_input_nodes for k in refs[a] if k in size and last.get(k) == i] \
-                if n in pointwise else []
+            dying = [size[k] for k in reads[n] if k in size and last.get(k) == i] if n in pointwise else []
             for k, b in refs[n].items():
                 if k in inputs or k in size:
                     continue
