@@ -39,7 +39,10 @@ region fits the memory the budget leaves it.
 #    and recomputes op by op: eager speed and eager PyTorch's results (bitwise, from then on), said once per
 #    region. Before each such call what lives outside (rule 4) is told to the runtime as its outside count
 #    (NOTE [ Budget accounting ] 4), so that it evicts for the allocator's count, not only for the values it
-#    tracks. Plain work after the region (an optimizer's step and its temporaries) is not evicted for.
+#    tracks; on the CPU without a device it is measured again as the backward makes each (plain) gradient, which
+#    the call could not see (the bench's ResNet-50 at 85%: 1.12x the budget before, 1.03x after). Plain work after
+#    the region (an optimizer's step and its temporaries) is not evicted for; with ``device="cpu"`` the session
+#    follows the allocator throughout (NOTE [ The CPU as a device ]).
 # 6. Inductor's numerics do not depend on the partition on the CPU (recomputed values come from the same
 #    kernels): a planned region trains bitwise as compiled plain. ``plans()`` lists every region's choice and
 #    measurements. Managed inputs are brought back and pinned before the compiled kernels read them

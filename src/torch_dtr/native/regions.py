@@ -221,6 +221,17 @@ class _SessionEnv:
         s.flush()
         mem = s.rt.memory
         mem.set_outside(max(0, self.live(args) - mem.tracked))
+        s.remeasure = self._remeasure
+
+    def _remeasure(self, made: int) -> None:
+        """The region's eager backward made a gradient of ``made`` bytes, now plain (NOTE [ Managed vs constant ]
+        4): what lives outside is measured again, as before the region's call (the parameters made before the
+        session as then), the gradient among it (the core lets its storage go once the managed handle dies; until
+        the next measure it may count twice)."""
+        s = self.s
+        s.flush()
+        mem = s.rt.memory
+        mem.set_outside(max(0, int(s.ext.cpu_blocks_usage()[0]) + self.before - mem.tracked + made))
 
     def prepare(self, args: Sequence[Any]) -> None:
         """Managed inputs are brought back and pinned: the region's kernels read their memory directly."""

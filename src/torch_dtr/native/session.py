@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -108,6 +108,9 @@ class Session:
         # leaves given the plain-gradient hook (by id, checked by identity), with the hook's handle: disable()
         # removes them (``unhook``), or every session would leave a hook (and itself) on every parameter
         self.hooked: dict[int, tuple[weakref.ref, Any]] = {}
+        # a compiled region ran eagerly on the CPU without a device: what lives outside is measured again as its
+        # backward makes each gradient (NOTE [ Compiled regions under a budget ] 5)
+        self.remeasure: Callable[[int], None] | None = None
         self.warned_compile = False  # NOTE [ Native exports ] 5: said once
         self.warned: set[str] = set()  # NOTE [ Unmanaged regions ]: what was said, once each
         self.unwatch: Any = lambda: None  # enable() watches for them (regions.watch)
@@ -443,6 +446,8 @@ class Session:
         if g is not None and self.ext.is_managed(g):
             # the session whose core keeps the gradient (one of an earlier session, read by this one's step)
             p.grad = self.ext.session_of(g).unwrap(g)
+            if self.remeasure is not None:
+                self.remeasure(p.grad.untyped_storage().nbytes())
 
     def unwrap(self, t: torch.Tensor) -> torch.Tensor:
         """A plain tensor sharing ``t``'s memory; its storage is pinned (never evicted again)."""
