@@ -231,6 +231,9 @@ def _plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
         for r in rows:
             if r["kind"] == "dtr":
                 ax.axvline(r["budget"] / plain["peak"], color="C0", lw=0.4, ls=":")
+        if "state" in plain:  # below it no method that keeps them in memory keeps a budget
+            ax.axvline(plain["state"] / plain["peak"], color="C3", lw=1, ls="--",
+                       label="parameters, gradients and AdamW's moments")
         failed = [r for r in rows if "error" in r and r["kind"] == "dtr"]
         if failed:  # drawn at their budget, on the top edge
             top = ax.get_ylim()[1]
