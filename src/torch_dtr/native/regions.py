@@ -218,16 +218,15 @@ class _SessionEnv:
         if s.dev is not None:
             s.rt.sync()
             return
-        s.flush()
-        mem = s.rt.memory
-        mem.set_outside(max(0, self.live(args) - mem.tracked))
+        self.live(args)  # (what of them was allocated before the session: ``before``)
+        self._remeasure(0)
         s.remeasure = self._remeasure
 
     def _remeasure(self, made: int) -> None:
-        """The region's eager backward made a gradient of ``made`` bytes, now plain (NOTE [ Managed vs constant ]
-        4): what lives outside is measured again, as before the region's call (the parameters made before the
-        session as then), the gradient among it (the core lets its storage go once the managed handle dies; until
-        the next measure it may count twice)."""
+        """What lives outside, measured: before the region's call, and again each time its eager backward made a
+        gradient of ``made`` bytes, now plain (NOTE [ Managed vs constant ] 4), with the parameters made before the
+        session as at the call. The gradient counts as outside: the core lets its storage go once the managed
+        handle dies (until the next measure it may count twice)."""
         s = self.s
         s.flush()
         mem = s.rt.memory
