@@ -189,6 +189,35 @@ def test_device_usage_counts_outside_bytes_and_is_queried_rarely() -> None:
     rt.check()
 
 
+def test_a_released_pinned_value_guessed_outside_is_checked_before_anything_is_evicted() -> None:
+    """A pinned value whose last handle dies may live on in a plain tensor (an unwrapped ``p.grad``), so its bytes
+    move to ``outside`` until the next query. Where the memory was in fact freed (a gradient sum of an RNN's loop,
+    pinned by banishing), evicting for that guess threw away what the program needed next: the bench's LSTM loop
+    on a device recomputed 40,360 ops in a step instead of about 2,000. The next reserve that must evict asks the
+    device first."""
+    dev = {"outside": 0, "calls": 0}
+
+    def usage() -> tuple[int, int]:
+        dev["calls"] += 1
+        now = d.rt.memory.tracked + dev["outside"]
+        return now, now
+
+    d = Driver(100, "lru", device_usage=usage, sync_every=1000)
+    rt = d.rt
+    c = d.const(10, 0)
+    g = d.op1([c], 1, 40, lambda v: v + 1)  # a gradient sum, pinned
+    rt.pin(g)
+    xs = [d.op1([c], 1, 20, lambda v, i=i: v + i) for i in range(2)]
+    assert rt.memory.tracked == 90 and rt.memory.outside == 0
+    rt.drop_ref(g)  # its last handle dies: guessed to live on outside
+    assert rt.memory.tracked == 50 and rt.memory.outside == 40
+    calls = dev["calls"]
+    rt.reserve(30)  # 50 + 40 + 30 > 100 by the guess; the device holds 50: it fits
+    assert dev["calls"] == calls + 1 and rt.memory.outside == 0
+    assert rt.evictions == 0 and all(x.resident for x in xs)
+    rt.check()
+
+
 def test_out_of_memory_evicts_the_drivers_choice_first_and_counts() -> None:
     d = Driver(None, "lru")
     rt = d.rt

@@ -162,7 +162,7 @@ class Runtime:
         self.headroom = 0  # bytes kept free below the budget for what the count missed between syncs (rule 6)
         self.excess = 0  # the most the allocator's peak was found above the budget (rule 6)
         self._device_peak = -1  # the allocator's peak at the last sync
-        self._dirty = False  # the outside count grew by guesses since the last sync (plain ops' outputs)
+        self._dirty = False  # the outside count grew by guesses since the last sync (plain outputs, freed pins)
         self._synced: tuple[int, int, int] | None = None  # (ops, tracked, outside) right after the last sync
         self._next_sync = 0 if device_usage is not None else 1 << 62  # self.ops at which reserve() syncs next
         self.oom_retries = self.oom_evicted_bytes = 0
