@@ -38,7 +38,7 @@
 #    beyond it raises PyTorch's OutOfMemoryError inside the op, and the op evicts and runs again, as on an
 #    out-of-memory on CUDA (NOTE [ Native front end ] 8; ``stats().oom_retries``). A constant is counted after the
 #    room for it is made (``Session._see``). With it no budget of docs/cpu-device.md was passed (by 8.4-48.3 MiB in
-#    first steps without it), for 0-12 refusals, and a transformer encoder that raised a BudgetError under 560 MiB
+#    first steps without it), for 0-8 refusals, and a transformer encoder that raised a BudgetError under 560 MiB
 #    without it trains there. A block asked for outside an op that can run again (a plain random op, Python code
 #    between ops) raises the OutOfMemoryError to the program, naming the capacity. It binds only the threads whose
 #    ops the session manages (front.cpp, ``g_blocks_cap_session``): a thread not ``attach()``ed allocates as
