@@ -166,13 +166,18 @@ def _followed(results: list[tuple[str, dict[str, Any]]]) -> list[str]:
                     f"{fmt_bytes(r['pools_reserved'])} reserved for {fmt_bytes(r['pools_used'])} allocated, beside "
                     f"a {fmt_bytes(r['arena_bytes'])} arena)")
             break
+    most: dict[str, int] = {}  # the most steps that followed a plan in any row, per workload
+    for name, r in results:
+        if r["status"] == "ok" and r["planned"]:
+            most[name] = max(most.get(name, 0), r["followed"] or 0)
+    followed = ", ".join(f"{name} {n}" for name, n in most.items())
     lines += ["", f"Steady reserved with the plan below that without it in {less} of {len(both)} cases. Where it is "
               "not: the blocks made before the plan and kept (parameters, the optimizer's state) stay where the "
               "first steps put them, between holes that the activations filled before; with the activations moved "
               f"to the arena, the pages of those holes stay mapped beside it{seen}. Planning in "
               "the pool's own range instead, around the blocks that stay (NOTE [ Planned allocation ] 6 says how it "
-              "went), was tried and not kept. A plan is followed only where the runtime's decisions repeat: GPT-2's "
-              "settle by the 7th step, ResNet-50's left every plan here. The LSTM loop draws another sequence "
+              "went), was tried and not kept. A plan is followed only where the runtime's decisions repeat (the most "
+              f"steps that followed one in a row of the table: {followed}). The LSTM loop draws another sequence "
               "length every step, so no two steps make the same requests: it is left out."]
     return lines
 
