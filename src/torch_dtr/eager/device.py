@@ -80,9 +80,9 @@ from .rng import RngState
 # 3. Measured on the simulated allocator with expandable segments (``python benchmarks/fragmentation.py``): the
 #    bench's GPT-2 at 80% and 65% of plain's peak allocated bytes holds 1.05 and 1.04 x its budget instead of
 #    1.19 and 1.22, for 9% and 26% more recomputations (at 50%: 1.22 instead of 1.26). The LSTM loop (1.63 at
-#    65%) and ResNet-50 (1.12 at 80%) hardly change: their reserved bytes are each pool's own high-water mark (small activations
-#    in the small pool, gradients and the optimizer's temporaries in the large one, whose pages stay mapped),
-#    not holes. The window evicts by bytes, not by the policy's score.
+#    65%) and ResNet-50 (1.12 at 80%) hardly change: their reserved bytes are each pool's own high-water mark
+#    (small activations in the small pool, gradients and the optimizer's temporaries in the large one, whose
+#    pages stay mapped), not holes. The window evicts by bytes, not by the policy's score.
 # 4. Not on CUDA yet: PyTorch gives the layout only as a memory snapshot, milliseconds each; the simulated
 #    device answers from its own records. A CUDA memory pool of torch-dtr's own (issue 52) would know it.
 #
