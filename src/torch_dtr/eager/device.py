@@ -55,6 +55,11 @@ from .rng import RngState
 #    segments on for the session (``expandable_segments=None``, the default on CUDA, unless
 #    ``PYTORCH_CUDA_ALLOC_CONF`` names the setting: the user decided) and back off at ``disable()``; blocks
 #    allocated before keep their segments. ``expandable_segments=False`` leaves the allocator as it is.
+#    A device capped at the budget (``torch.cuda.set_per_process_memory_fraction``; a ``SimulatedDevice``'s
+#    capacity) holds no more than it: an allocation past it makes the allocator unmap its free pages, then rule
+#    4 evicts and retries. On the simulated allocator at GPU-like page sizes every budget of the bench's models
+#    that trains uncapped trains capped too, for up to 3x the recomputations (docs/fragmentation.md; the compiled
+#    front end: the Python one ran out of memory on the LSTM loop). Not yet measured on CUDA.
 # 7. Tested without a GPU: ``native/simdevice.SimulatedDevice`` is a caching allocator modelled after PyTorch's
 #    (512 B rounding, 2 MiB and 20 MiB segments, best fit, splitting, a capacity that raises PyTorch's
 #    ``OutOfMemoryError``) over the CPU allocator's blocks, behind the same ``Device`` interface.
