@@ -149,9 +149,9 @@ def test_add_constant_counts_and_reserves() -> None:
     full_check(rt)
 
 
-def test_device_usage_counts_outside_bytes_and_is_queried_rarely() -> None:
-    """NOTE [ Budget accounting ] 4: on a device, the budget bounds the allocator's count; what the runtime
-    does not track is learned every ``sync_every`` reserving ops, never per op."""
+def _on_device(budget: int, sync_every: int) -> tuple[Driver, dict[str, int]]:
+    """A driver whose runtime follows a device: the device holds the tracked bytes plus ``dev["outside"]``;
+    ``dev["calls"]`` counts the queries."""
     dev = {"outside": 0, "calls": 0}
 
     def usage() -> tuple[int, int]:
@@ -159,7 +159,14 @@ def test_device_usage_counts_outside_bytes_and_is_queried_rarely() -> None:
         now = d.rt.memory.tracked + dev["outside"]
         return now, now
 
-    d = Driver(100, "lru", device_usage=usage, sync_every=5)
+    d = Driver(budget, "lru", device_usage=usage, sync_every=sync_every)
+    return d, dev
+
+
+def test_device_usage_counts_outside_bytes_and_is_queried_rarely() -> None:
+    """NOTE [ Budget accounting ] 4: on a device, the budget bounds the allocator's count; what the runtime
+    does not track is learned every ``sync_every`` reserving ops, never per op."""
+    d, dev = _on_device(100, sync_every=5)
     rt = d.rt
     c = d.const(10, 0)
     xs = [d.op1([c], 1, 20, lambda v, i=i: v + i) for i in range(4)]
@@ -195,14 +202,7 @@ def test_a_released_pinned_value_guessed_outside_is_checked_before_anything_is_e
     pinned by banishing), evicting for that guess threw away what the program needed next: the bench's LSTM loop
     on a device recomputed 40,360 ops in a step instead of about 2,000. The next reserve that must evict asks the
     device first."""
-    dev = {"outside": 0, "calls": 0}
-
-    def usage() -> tuple[int, int]:
-        dev["calls"] += 1
-        now = d.rt.memory.tracked + dev["outside"]
-        return now, now
-
-    d = Driver(100, "lru", device_usage=usage, sync_every=1000)
+    d, dev = _on_device(100, sync_every=1000)
     rt = d.rt
     c = d.const(10, 0)
     g = d.op1([c], 1, 40, lambda v: v + 1)  # a gradient sum, pinned
