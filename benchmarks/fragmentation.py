@@ -2,10 +2,10 @@
 steps each on the simulated CUDA caching allocator (NOTE [ Simulated allocator ], expandable segments on and off),
 plain and under budgets of a share of plain's peak allocated bytes; for each, the allocator's peak allocated and
 reserved bytes. Then the same budgets with the simulated device's capacity set to the budget: whether the step
-trains when the device really holds no more than the budget. Writes docs/fragmentation.md and
-docs/img/fragmentation.png.
+trains when the device really holds no more than the budget (at the allocator's scale 1, and at 1/16 beside the
+same budgets uncapped). Writes docs/fragmentation.md and docs/img/fragmentation.png.
 
-    python benchmarks/fragmentation.py            # about 10 minutes on 2 cores
+    python benchmarks/fragmentation.py            # about 3 minutes on 2 cores
     python benchmarks/fragmentation.py --quick    # small sizes, a minute
     python benchmarks/fragmentation.py --replot   # the doc and plot again from docs/fragmentation.json
 """
