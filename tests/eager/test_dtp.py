@@ -75,7 +75,7 @@ def test_the_plan_trains_where_data_parallelism_cannot(world: int, dtr_front: st
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_bench_gpt2_trains_following_its_plan_within_a_budget(world: int, dtr_front: str) -> None:
     """The bench's GPT-2 (2 layers, width 128, 4 x 64 tokens, dropout off) on 2 and 4 ranks, its plan followed op
-    by op, near its modelled peak without a budget and at about 0.9 of it with one: bitwise as without torch-dtr,
+    by op, near its modelled peak without a budget and at 0.9-0.97 of it with one: bitwise as without torch-dtr,
     equal to one process within 1e-5."""
     if dtr_front == "python":
         pytest.skip("the default front end only (the suite's time)")
@@ -93,9 +93,11 @@ def test_the_bench_gpt2_trains_following_its_plan_within_a_budget(world: int, dt
         # 2026-11-30: when freed DTensors' shards go back varies from run to run)
         assert b["peak_bytes"] <= 1.25 * b["plan"]["modelled_peak"], b
     assert any(p >= 0 for p in free[0]["plan"]["params"].values())
-    # 0.9 of the followed peak, or 0.92 of the modelled one where more: on 4 ranks the followed peak is within a few
-    # percent of the model, and 0.9 of it is below what a step needs (a BudgetError at 3.80 MB, trained at 3.90 MB)
-    budget = int(max(0.9 * min(r["peak_bytes"] for r in free), 0.92 * free[0]["plan"]["modelled_peak"]))
+    # 0.9 of the followed peak, or 0.97 of the modelled one where more: on 4 ranks the followed peak is within a few
+    # percent of the model, and what a step needs varies from run to run with when freed DTensors' shards go back
+    # (2026-12-01: 0.92 of the model, 4.03 MB, raised a BudgetError in 2 of 4 runs, asking for 4.09 MB; 0.97 trained
+    # in 6 of 6, evicting on every rank; on 2 ranks, 3 of 3)
+    budget = int(max(0.9 * min(r["peak_bytes"] for r in free), 0.97 * free[0]["plan"]["modelled_peak"]))
     for a, b in zip(plain, _run(world, "dtr", budget, model="gpt2", follow="1"), strict=True):
         assert "error" not in b, b["error"]
         assert b["peak_bytes"] <= budget and b["evictions"] > 0, b
