@@ -195,9 +195,9 @@ def release(rt: Runtime, s: Storage) -> None:
         if s.resident:
             unresident(rt, s)
             if s.pinned and rt.device_usage is not None and rt.budget is not None:
-                # its memory lives on in a plain tensor (an unwrapped p.grad): outside until the next sync
-                rt.memory.outside += s.nbytes
-                rt._dirty = True  # a guess: the next reserve that must evict learns the truth first
+                # its memory may live on in a plain tensor (an unwrapped p.grad): outside until the next sync, a
+                # guess, as a plain op's outputs are (the next reserve that must evict learns the truth first)
+                rt.add_outside(s.nbytes)
         if rt.tracking:
             rt.tracker.restored(s)
         if s.host is not None:
