@@ -88,10 +88,13 @@ def test_the_bench_gpt2_trains_following_its_plan_within_a_budget(world: int, dt
         assert a["losses"] == pytest.approx(single, rel=1e-5)
         f = b["follow"]
         assert f["followed"] > 0 and f["off_plan"] <= f["kept"], f  # off the plan only where a write kept it
-        # about the plan's memory, as modelled: one shard dimension turns into another by an all-to-all, not by
-        # gathering the whole tensor (1.6x the modelled peak on 4 ranks that way; 1.00-1.15x with the all-to-all,
-        # 2026-11-30: when freed DTensors' shards go back varies from run to run)
-        assert b["peak_bytes"] <= 1.25 * b["plan"]["modelled_peak"], b
+    # about the plan's memory, as modelled: one shard dimension turns into another by an all-to-all, not by
+    # gathering the whole tensor (1.6x the modelled peak on 4 ranks that way). With the all-to-all most ranks peak
+    # within 0.2% of the model, but when freed DTensors' shards go back varies from run to run: in 4 of 7 runs on
+    # 4 ranks (2026-12-01) one rank peaked at 1.15-1.33x. So the lower median rank is held to the
+    # model, and every rank below the gathering's 1.6x.
+    peaks = sorted(b["peak_bytes"] / b["plan"]["modelled_peak"] for b in free)
+    assert peaks[(len(peaks) - 1) // 2] <= 1.05 and peaks[-1] <= 1.5, peaks
     assert any(p >= 0 for p in free[0]["plan"]["params"].values())
     # 0.9 of the followed peak, or 0.97 of the modelled one where more: on 4 ranks the followed peak is within a few
     # percent of the model, and what a step needs varies from run to run with when freed DTensors' shards go back
