@@ -42,6 +42,18 @@ def test_the_plan_beats_first_fit_where_a_hole_is_left_behind():
     assert plan(requests).size == 128 == max_live(requests)
 
 
+def test_requests_above_the_lower_bound_placed_earlier_reach_it_where_every_greedy_order_misses():
+    # rule 7 on five requests: by size, the 5 and two of the 4s go at 0 and the longest-lived 4 at 5; the 3, live
+    # with a 4 at 0 and the one at 5, finds no gap of 3 below 9 and ends at 12, as in every other order and in first
+    # fit. Placed earlier (it alone passes the 11 live at once), the 3 goes at 4 and that 4 above it at 7: 11.
+    requests = [Request(10, 13, 4), Request(8, 10, 4), Request(0, 7, 5), Request(10, 17, 3), Request(5, 12, 4)]
+    assert max_live(requests) == 11
+    assert plan(requests, work=0).size == 12 == first_fit(requests).size
+    p = plan(requests)
+    check(requests, p)
+    assert p.size == 11
+
+
 def test_check_catches_an_overlap_and_a_request_is_refused_when_malformed():
     requests = [Request(0, 4, 10), Request(2, 6, 10)]
     with pytest.raises(AssertionError, match="overlaps request"):
