@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 import torch._inductor.compile_fx as compile_fx_module
 import torch._inductor.config as inductor_config
 
@@ -142,7 +143,8 @@ class Region:
         partitioner = None
         if budget is not None and inductor_config.custom_partitioner_fn is None:  # a user's own one is left be
             short = max((m / self.predicted[f] for f, m in self.measured.items() if self.predicted.get(f)), default=1.0)
-            partitioner = BudgetPartitioner(budget - live, self.measured, short)
+            # a trial only where a compilation is left to leave it, should its measurement pass the budget
+            partitioner = BudgetPartitioner(budget - live, self.measured, short, trial=self.compiles < REPLANS)
         if self.compiles:
             room = "no budget" if partitioner is None else f"{fmt_bytes(max(0, partitioner.allowance))} predicted"
             print(f"torch_dtr: compiling region {self.name} again for the memory the budget leaves it now ({room})",
@@ -152,7 +154,10 @@ class Region:
             if partitioner is None:
                 self.fn = self.compile_fx(self.gm, list(args), *self.rest, **self.kwargs)
             else:
-                with inductor_config.patch(custom_partitioner_fn=partitioner):
+                # no compilation cached from elsewhere: inductor's cache keys take a partitioner without a uuid (the
+                # choice depends on the allowance) for none at all, and a hit would skip the partitioner
+                with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False), \
+                        functorch_config.patch(enable_autograd_cache=False):
                     self.fn = self.compile_fx(self.gm, list(args), *self.rest, **self.kwargs)
         finally:
             _inside.on = False
@@ -219,5 +224,6 @@ def plans() -> list[dict[str, Any]]:
                     "live": r.live, "measured": dict(r.measured),
                     "fraction": None if c is None else c.fraction, "predicted": None if c is None else c.predicted,
                     "allowance": None if c is None else c.allowance, "fits": None if c is None else c.fits,
+                    "trial": None if c is None else c.trial,
                     "tried": {} if c is None else dict(c.tried)})
     return out
