@@ -254,30 +254,3 @@ def test_a_region_run_eagerly_counts_the_gradients_its_backward_makes_as_outside
     [plan] = [p for p in inductor.plans() if p["budget"] == budget]
     assert plan["fits"] is False, plan  # it ran eagerly
     assert counted >= held - (1 << 20), (counted, held, _bytes(*model.parameters()))
-
-
-def test_where_misses_elsewhere_scale_every_prediction_over_a_partition_whose_own_prediction_fits_is_measured():
-    """NOTE [ Compiled regions under a budget ] 5: predictions scaled by a miss measured at another fraction (here
-    10x) leave no partition expected to fit; with a compilation left, the largest fraction whose own prediction
-    fits is chosen as a trial, to be measured; without one, none is, and the region would run eagerly."""
-    import torch._functorch.config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    from torch_dtr.inductor.partition import FRACTIONS, BudgetPartitioner
-
-    def choose(p: BudgetPartitioner):
-        torch._dynamo.reset()
-        # as Region compiles: nothing cached (a cached compilation skips the partitioner)
-        with inductor_config.patch(custom_partitioner_fn=p, fx_graph_cache=False), \
-                functorch_config.patch(enable_autograd_cache=False):
-            torch.compile(_mlp())(torch.randn(512, 256, requires_grad=True)).sum().backward()
-        return p.choice
-
-    own = choose(BudgetPartitioner(0)).tried  # none fits nothing: every fraction's own prediction
-    assert set(FRACTIONS) <= set(own)
-    allowance = sorted(set(own.values()))[len(set(own.values())) // 2]  # some fit, some do not
-    want = max(f for f, b in own.items() if b <= allowance and f != 1.0)  # 1.0 is measured: not a trial
-    c = choose(BudgetPartitioner(allowance, {1.0: 10 * own[1.0]}, short=10.0, trial=True))
-    assert c.trial and c.fits and c.fraction == want and c.predicted == own[want] <= allowance, (c, own)
-    c = choose(BudgetPartitioner(allowance, {1.0: 10 * own[1.0]}, short=10.0, trial=False))
-    assert not c.trial and not c.fits and c.predicted > allowance, (c, own)

@@ -37,17 +37,17 @@ region fits the memory the budget leaves it.
 #    again, at most ``REPLANS`` times, when what lives outside grew past what its plan left room for (an
 #    optimizer's state appears after the first step), when the budget changed, or when a measured peak passed
 #    the budget.
-# 5. Where no partition is expected to fit, but one not measured yet fits by its own prediction (the others' misses
-#    scaled it over: the bench's ResNet-50 at 95% of its peak, 1.6% over at 0.5, where compile's own 0.7 holds 0.88
-#    of the peak), the largest such is compiled as a trial, and its measurement decides (rule 4); only while a
-#    compilation is left to leave it by. Where none is, the region runs its graph eagerly under the session, which
+# 5. Where no partition is expected to fit, the region runs its graph eagerly under the session, which
 #    evicts and recomputes op by op: eager speed and eager PyTorch's results (bitwise, from then on), said once per
 #    region. Before each such call what lives outside (rule 4) is told to the runtime as its outside count
 #    (NOTE [ Budget accounting ] 4), so that it evicts for the allocator's count, not only for the values it
 #    tracks; on the CPU without a device it is measured again as the backward makes each (plain) gradient, which
 #    the call could not see (the bench's ResNet-50 at 85%: 1.12x the budget before, 1.03x after). Plain work after
 #    the region (an optimizer's step and its temporaries) is not evicted for; with ``device="cpu"`` the session
-#    follows the allocator throughout (NOTE [ The CPU as a device ]).
+#    follows the allocator throughout (NOTE [ The CPU as a device ]). Tried and not kept (2026-12-01): compiling a
+#    fraction not yet measured whose own prediction fits, as a trial, where the others' misses scale every one over.
+#    On the bench's ResNet-50 at 95% the trials at 0.85 and 0.7 measured what 0.9625 had (the most in use between two
+#    calls is not the partition's alone), and each cost a compilation of about 25 s; the region ran eagerly after.
 # 6. Inductor's numerics do not depend on the partition on the CPU (recomputed values come from the same
 #    kernels): a planned region trains bitwise as compiled plain. ``plans()`` lists every region's choice and
 #    measurements. Managed inputs are brought back and pinned before the compiled kernels read them

@@ -22,27 +22,21 @@ FRACTIONS = (1.0, 0.85, 0.7, 0.5, 0.35, 0.2, 0.1, 0.0)
 class Choice:
     allowance: int  # bytes the region may hold beyond what lives outside it
     fraction: float  # compile's activation memory budget chosen
-    predicted: int  # the region's bytes expected at it (graphmem.region_bytes, corrected by what was measured; a
-    # trial: graphmem's own)
+    predicted: int  # the region's bytes expected at it (graphmem.region_bytes, corrected by what was measured)
     fits: bool  # predicted <= allowance (else: the least expected of those tried)
     tried: dict[float, int] = field(default_factory=dict)  # fraction -> bytes expected
-    trial: bool = False  # none was expected to fit; graphmem's own prediction fits here, and a measurement decides
 
 
 class BudgetPartitioner(CustomPartitionerFn):
     """Partitions a joint graph as inductor's default partitioner does, at the largest activation memory budget
     whose expected bytes fit ``allowance``; the choice is left in ``choice``. The bytes expected at a fraction:
     those ``measured`` there before, else graphmem's prediction times ``short`` (how far predictions fell short
-    of measurements elsewhere). Where none is expected to fit and ``trial``, the largest fraction not yet measured
-    whose own prediction fits is chosen, to be measured (NOTE [ Compiled regions under a budget ] 5). Plain data
-    only: inductor pickles its configuration, this included."""
+    of measurements elsewhere). Plain data only: inductor pickles its configuration, this included."""
 
-    def __init__(self, allowance: int, measured: dict[float, int] | None = None, short: float = 1.0,
-                 trial: bool = False) -> None:
+    def __init__(self, allowance: int, measured: dict[float, int] | None = None, short: float = 1.0) -> None:
         self.allowance = allowance
         self.measured = dict(measured or {})
         self.short = max(1.0, short)
-        self.trial = trial
         self.predicted: dict[float, int] = {}  # fraction -> graphmem's prediction
         self.choice: Choice | None = None
 
@@ -74,17 +68,10 @@ class BudgetPartitioner(CustomPartitionerFn):
                 lo, hi = (mid, hi) if at(mid) <= self.allowance else (lo, mid)
             best = lo
         fits = best is not None
-        trial = False
-        if best is None and self.trial:  # scaled by misses elsewhere, none fits: measure one whose own prediction does
-            own = [f for f in made if f not in self.measured and self.predicted[f] <= self.allowance]
-            if own:
-                best, fits, trial = max(own), True, True
         if best is None:  # none fits: the least bytes of those tried (the curve need not fall with the fraction)
             best = min(made, key=lambda f: (made[f][0], -f))
         predicted, fw, bw = made[best]
-        if trial:
-            predicted = self.predicted[best]
-        self.choice = Choice(self.allowance, best, predicted, fits, {f: m[0] for f, m in sorted(made.items())}, trial)
+        self.choice = Choice(self.allowance, best, predicted, fits, {f: m[0] for f, m in sorted(made.items())})
         return fw, bw
 
     def uuid(self) -> Any:

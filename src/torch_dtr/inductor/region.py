@@ -143,8 +143,7 @@ class Region:
         partitioner = None
         if budget is not None and inductor_config.custom_partitioner_fn is None:  # a user's own one is left be
             short = max((m / self.predicted[f] for f, m in self.measured.items() if self.predicted.get(f)), default=1.0)
-            # a trial only where a compilation is left to leave it, should its measurement pass the budget
-            partitioner = BudgetPartitioner(budget - live, self.measured, short, trial=self.compiles < REPLANS)
+            partitioner = BudgetPartitioner(budget - live, self.measured, short)
         if self.compiles:
             room = "no budget" if partitioner is None else f"{fmt_bytes(max(0, partitioner.allowance))} predicted"
             print(f"torch_dtr: compiling region {self.name} again for the memory the budget leaves it now ({room})",
@@ -224,6 +223,5 @@ def plans() -> list[dict[str, Any]]:
                     "live": r.live, "measured": dict(r.measured),
                     "fraction": None if c is None else c.fraction, "predicted": None if c is None else c.predicted,
                     "allowance": None if c is None else c.allowance, "fits": None if c is None else c.fits,
-                    "trial": None if c is None else c.trial,
                     "tried": {} if c is None else dict(c.tried)})
     return out
