@@ -36,7 +36,8 @@ region fits the memory the budget leaves it.
 #    prediction, and scales the others' (``OVER``: a measured peak 1% over the budget). The region is compiled
 #    again, at most ``REPLANS`` times, when what lives outside grew past what its plan left room for (an
 #    optimizer's state appears after the first step), when the budget changed, or when a measured peak passed
-#    the budget.
+#    the budget. Its compilations bypass AOTAutograd's cache: its keys take a partitioner without a uuid (ours: the
+#    choice depends on the allowance) for none, and a cached partition would skip the partitioner.
 # 5. Where no partition is expected to fit, the region runs its graph eagerly under the session, which
 #    evicts and recomputes op by op: eager speed and eager PyTorch's results (bitwise, from then on), said once per
 #    region. Before each such call what lives outside (rule 4) is told to the runtime as its outside count

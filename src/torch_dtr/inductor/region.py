@@ -153,9 +153,10 @@ class Region:
             if partitioner is None:
                 self.fn = self.compile_fx(self.gm, list(args), *self.rest, **self.kwargs)
             else:
-                # no compilation cached from elsewhere: inductor's cache keys take a partitioner without a uuid (the
-                # choice depends on the allowance) for none at all, and a hit would skip the partitioner
-                with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False), \
+                # no joint graph's partition cached from elsewhere: AOTAutograd's cache keys take a partitioner
+                # without a uuid (the choice depends on the allowance) for none at all, and a hit would skip it (the
+                # partitioned graphs' own cache, inductor's FX graph cache, stays: its keys are the partitions)
+                with inductor_config.patch(custom_partitioner_fn=partitioner), \
                         functorch_config.patch(enable_autograd_cache=False):
                     self.fn = self.compile_fx(self.gm, list(args), *self.rest, **self.kwargs)
         finally:
