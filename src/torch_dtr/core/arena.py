@@ -183,25 +183,25 @@ def plan(requests: Sequence[Request], work: int = WORK) -> Plan:
     """Offsets for ``requests`` by rules 2 and 7; no two requests live at the same time overlap in space. ``work``:
     the placements rule 7 may make in all (0: none)."""
     c = contention(requests)
-    tried = []  # (arena, the order's index, fit, plan, order)
+    tried = []  # (arena, the order's index, fit, plan, order): never empty
     for k, key in enumerate(_ORDERS.values()):
         order = sorted(range(len(requests)), key=lambda i: key(requests[i], c[i]))
         for fit in (False, True):
             p = _greedy(requests, order, fit)
             tried.append((p.size, k, fit, p, order))
     tried.sort(key=lambda t: t[:3])
-    best = tried[0][3] if tried else None
+    best = tried[0][3]
     floor = max_live(requests)
-    passes = min(SQUEAKS, work // max(1, len(requests))) if work > 0 else 0
+    passes = min(SQUEAKS, work // max(1, len(requests)))
     for _size, _k, fit, p, order in tried[:STARTS]:
-        if best is None or best.size <= floor * CLOSE or passes <= 0:
+        if best.size <= floor * CLOSE or passes <= 0:
             break
         q, used = _squeaky(requests, order, fit, p, floor, passes)
         passes -= used
         if q.size < best.size:
             best = q
     online = first_fit(requests)
-    return online if best is None or online.size < best.size else best
+    return online if online.size < best.size else best
 
 
 def _squeaky(requests: Sequence[Request], order: list[int], fit: bool, p: Plan, floor: int,
