@@ -30,9 +30,10 @@ region fits the memory the budget leaves it.
 # 4. What lives outside (``Env.live``): the device's allocated bytes where a device is followed (CUDA, a
 #    simulated device); on the CPU, the bytes of the front end's CPU allocator (every block allocated while the
 #    session runs, NOTE [ Native front end ] 7) and the region's inputs allocated before it (parameters made
-#    before ``enable()``; other tensors made before it are not seen). Between two calls of a region the
-#    allocator's most in use is measured where it is this front end's (the CPU, a simulated device; a second
-#    peak, ``cpu_blocks_mark``, apart from the one users reset): what a partition was seen to add replaces its
+#    before ``enable()``; other tensors made before it are not seen). During each call of a region and its
+#    backward (its autograd node, from its pre-hook to its hook) the allocator's most in use is measured where it is
+#    this front end's (the CPU, a simulated device; a second peak, ``cpu_blocks_mark``, apart from the one users
+#    reset), not what runs between (an optimizer's step): what a partition was seen to add replaces its
 #    prediction, and scales the others' (``OVER``: a measured peak 1% over the budget). The region is compiled
 #    again, at most ``REPLANS`` times, when what lives outside grew past what its plan left room for (an
 #    optimizer's state appears after the first step), when the budget changed, or when a measured peak passed
@@ -47,8 +48,9 @@ region fits the memory the budget leaves it.
 #    the region (an optimizer's step and its temporaries) is not evicted for; with ``device="cpu"`` the session
 #    follows the allocator throughout (NOTE [ The CPU as a device ]). Tried and not kept (2026-12-01): compiling a
 #    fraction not yet measured whose own prediction fits, as a trial, where the others' misses scale every one over.
-#    On the bench's ResNet-50 at 95% the trials at 0.85 and 0.7 measured what 0.9625 had (the most in use between two
-#    calls is not the partition's alone), and each cost a compilation of about 25 s; the region ran eagerly after.
+#    On the bench's ResNet-50 at 95% the trials at 0.85 and 0.7 measured what 0.9625 had, and each cost a compilation
+#    of about 25 s; the region ran eagerly after. The cause was the extern kernels' outputs, managed then (NOTE
+#    [ Unmanaged regions ] 1): its backward's peak did not depend on the partition. Now 0.9625 fits there.
 # 6. Inductor's numerics do not depend on the partition on the CPU (recomputed values come from the same
 #    kernels): a planned region trains bitwise as compiled plain. ``plans()`` lists every region's choice and
 #    measurements. Managed inputs are brought back and pinned before the compiled kernels read them

@@ -61,19 +61,55 @@ class Env:
     def prepare(self, args: Sequence[Any]) -> None:
         """Before the compiled kernels read ``args``."""
 
+    def enter(self) -> None:
+        """The compiled kernels start on this thread (a region's call, or its backward): the ops they call run
+        plain (NOTE [ Unmanaged regions ] 1)."""
+
+    def leave(self) -> bool:
+        """They ended (paired with ``enter``); False where none had started."""
+        return False
+
     def made_region(self) -> None:
         """A region was made: its kernels (forward and backward) will allocate outside any op the session can run
         again."""
 
 
-def _windows(env: Env) -> None:
-    """Every region's window (the most in use since its last call) takes in what was measured since the last
-    reading: one reading serves them all."""
-    m = env.mark()
-    if m is not None:
-        for r in list(REGIONS):
-            if r.env is env:
-                r.seen = max(r.seen, m)
+def _read(env: Env) -> int | None:
+    """The most in use since the last reading (``Env.mark``, which restarts it)."""
+    return env.mark()
+
+
+_open = threading.local()  # backward nodes of regions started on this thread and not yet ended
+
+
+def _bracket(region: Region, outs: Any) -> None:
+    """The region's backward (one autograd node for all its outputs) runs as its call did: its kernels' ops plain,
+    and measured (the most in use from the node's start to its end)."""
+    env = region.env
+
+    def pre(_grads: Any) -> None:
+        _read(env)
+        env.enter()
+        _open.n = getattr(_open, "n", 0) + 1
+
+    def post(_ins: Any, _outs: Any) -> None:
+        _open.n -= 1
+        env.leave()
+        region.took(_read(env))
+
+    for t in outs if isinstance(outs, (list, tuple)) else (outs,):
+        node = t.grad_fn if isinstance(t, torch.Tensor) else None
+        if node is not None:
+            node.register_prehook(pre)
+            node.register_hook(post)
+            return
+
+
+def _close(env: Env) -> None:
+    """A backward that raised inside a region's node left its kernels' scope open on this thread: closed here."""
+    while getattr(_open, "n", 0) > 0:
+        _open.n -= 1
+        env.leave()
 
 
 class Region:
@@ -89,7 +125,7 @@ class Region:
         self.choice: Choice | None = None  # None: compiled without a plan (no budget, or no backward)
         self.budget: int | None = None  # the budget it was planned for
         self.compiles = 0
-        self.seen = 0  # the most in use since its last call (Env.mark)
+        self.seen = 0  # the most in use during its calls and their backward since its last call (Env.mark)
         self.over: list[int] = []  # measured peaks over the budget that made it compile again
         self.measured: dict[float, int] = {}  # fraction -> the most the region was seen to add to what lived
         self.predicted: dict[float, int] = {}  # fraction -> graphmem's prediction there
@@ -103,19 +139,18 @@ class Region:
         for f in CALLED:
             f()
         env = self.env
+        _close(env)
         if not env.active():
             if self.fn is None:
                 self._compile(args, None, 0)
             assert self.fn is not None
             return self.fn(*args)
         budget = env.budget()
-        _windows(env)
         seen, self.seen = self.seen, 0
         live = env.live(args) if budget is not None else 0
         c = self.choice
-        if c is not None and c.fits and self.fn is not None and seen and live <= self.live + (1 << 20):
-            # what it added to what lived over the last window (not one in which what lives outside grew: an
-            # optimizer's state made after the forward and backward would count as theirs)
+        if c is not None and c.fits and self.fn is not None and seen:
+            # what its last call and backward added to what lived outside at that call
             self.measured[c.fraction] = max(self.measured.get(c.fraction, 0), seen - self.live)
         self.live = live
         if self.fn is None or (self.compiles <= REPLANS and self._stale(budget, live, seen)):
@@ -126,7 +161,20 @@ class Region:
             return self.gm(*args)  # its ops run under the session, which keeps the budget
         env.prepare(args)
         assert self.fn is not None
-        return self.fn(*args)
+        _read(env)
+        env.enter()
+        try:
+            outs = self.fn(*args)
+        finally:
+            env.leave()
+        self.took(_read(env))
+        _bracket(self, outs)
+        return outs
+
+    def took(self, peak: int | None) -> None:
+        """The most in use during one of its calls or its backward (rule 4)."""
+        if peak is not None:
+            self.seen = max(self.seen, peak)
 
     def _stale(self, budget: int | None, live: int, seen: int) -> bool:
         if budget != self.budget:
@@ -134,7 +182,7 @@ class Region:
         c = self.choice
         if c is None or budget is None or not c.fits:
             return False
-        if seen > budget * OVER:  # measured: the last window passed the budget; plan again with what was measured
+        if seen > budget * OVER:  # measured: its last call or backward passed the budget; plan again with it
             self.over.append(seen)
             return True
         return c.predicted > budget - live  # what lives outside grew (an optimizer's state)

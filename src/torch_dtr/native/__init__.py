@@ -341,6 +341,11 @@ def _disable(s: Any) -> None:
     s.unwrap_fsdp()
     s.unwatch()
     s.ext.set_stepping(0)
+    while s.ext.region_leave():  # a region's backward that raised left its kernels' scope open (this thread's)
+        pass
+    region = sys.modules.get("torch_dtr.inductor.region")
+    if region is not None:
+        region._open.n = 0
     if s.trace is not None:
         s.ext.set_trace(False)
         s.trace.close()

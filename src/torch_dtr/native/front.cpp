@@ -617,6 +617,28 @@ struct Below {  // ops run inside are not the program's (exception-safe)
   }
 };
 
+// A compiled region's kernels (NOTE [ Unmanaged regions ] 1): the aten ops they call through the dispatcher (extern
+// kernels: convolutions, matmuls) run below, on plain tensors, as inside a recipe. Managed, their outputs were
+// values the kernels hold by address (an eviction would free memory a kernel still reads) and whose deaths the core
+// heard of late (a region's temporaries outlived it). Entered and left in pairs on one thread (a region's call;
+// its backward's node, from its pre-hook to its hook); `region_leave` is false where none was entered.
+thread_local std::vector<bool> t_regions;
+
+void region_enter() {
+  t_regions.push_back(attached());
+  ++g_depth;
+  if (t_regions.back()) attach(false);
+}
+
+bool region_leave() {
+  if (t_regions.empty()) return false;
+  const bool was = t_regions.back();
+  t_regions.pop_back();
+  --g_depth;
+  if (was) attach(true);
+  return true;
+}
+
 // benchmarks (native.passthrough): the fallback's floor, every op of this thread passed straight down by `kernel`
 // (its `g_depth > 0` path: no facts, no scan, no GIL)
 thread_local bool t_passthrough = false;
@@ -2443,6 +2465,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_room", &forget_room);
   m.def("forget_constants", &forget_constants);
   m.def("set_stepping", &set_stepping);
+  m.def("region_enter", &region_enter);
+  m.def("region_leave", &region_leave);
+  m.def("region_depth", []() { return static_cast<int64_t>(t_regions.size()); });
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);
   m.def("start_tenant", &start_tenant);
