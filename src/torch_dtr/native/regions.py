@@ -187,7 +187,7 @@ class _SessionEnv:
         return self.s.rt.budget
 
     def live(self, args: Sequence[Any]) -> int:
-        self.s.flush()  # (what died since the core last heard is not alive)
+        self.s.settle()  # (what died since the core last heard is not alive)
         dev = self.s.dev
         if dev is not None:
             return int(dev.allocated())
@@ -246,7 +246,7 @@ class _SessionEnv:
                 self.s.unwrap(a)
 
     def enter(self) -> None:
-        self.s.flush()  # the values that died since the core last heard are freed before the kernels allocate
+        self.s.settle()  # the values that died since the core last heard are freed before the kernels allocate
         self.s.ext.region_enter()
 
     def leave(self) -> bool:

@@ -142,6 +142,12 @@ class Session:
             for s in dead:
                 self.rt.drop_ref(s)
 
+    def settle(self) -> None:
+        """``flush`` under the kernel's lock, from Python outside any op (a compiled region's call, an optimizer's
+        step): the values that died since the core last heard are freed before plain work allocates."""
+        with _locked(self.ext):
+            self.flush()
+
     def sweep(self) -> None:
         """Uncount the constants whose last tensor died now (the kernel finds them lazily: NOTE [ Native front end ]
         4); for ``stats()``. The caller holds the kernel's lock."""
