@@ -618,24 +618,18 @@ struct Below {  // ops run inside are not the program's (exception-safe)
 };
 
 // A compiled region's kernels (NOTE [ Unmanaged regions ] 1): the aten ops they call through the dispatcher (extern
-// kernels: convolutions, matmuls) run below, on plain tensors, as inside a recipe. Managed, their outputs were
-// values the kernels hold by address (an eviction would free memory a kernel still reads) and whose deaths the core
-// heard of late (a region's temporaries outlived it). Entered and left in pairs on one thread (a region's call;
-// its backward's node, from its pre-hook to its hook); `region_leave` is false where none was entered.
-thread_local std::vector<bool> t_regions;
+// kernels: convolutions, matmuls; their buffers' allocations) take the plain path, managed inputs or not: reserved
+// ahead and retried on the device's out-of-memory as any plain op, never managed. Managed, their outputs were values
+// the kernels hold by address (an eviction would free memory a kernel still reads) and whose deaths the core heard
+// of late (a region's temporaries outlived it). Entered and left in pairs on one thread (a region's call; its
+// backward's node, from its pre-hook to its hook); `region_leave` is false where none was entered.
+thread_local int t_region = 0;
 
-void region_enter() {
-  t_regions.push_back(attached());
-  ++g_depth;
-  if (t_regions.back()) attach(false);
-}
+void region_enter() { ++t_region; }
 
 bool region_leave() {
-  if (t_regions.empty()) return false;
-  const bool was = t_regions.back();
-  t_regions.pop_back();
-  --g_depth;
-  if (was) attach(true);
+  if (t_region == 0) return false;
+  --t_region;
   return true;
 }
 
@@ -2110,8 +2104,9 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   }
   const Facts& f = facts(op);
   const size_t start = stack->size() - f.written.size();
+  const bool region = t_region > 0;  // a compiled region's kernels' calls: plain (`region_enter`)
   bool tagged = false, grad = false;
-  for (size_t i = start; i < stack->size() && !tagged; ++i)
+  for (size_t i = start; i < stack->size() && !tagged && !region; ++i)
     each_tensor((*stack)[i], [&](const at::Tensor& t) {
       if (handle_of(t)) tagged = true;
       else if (t.requires_grad()) grad = true;
@@ -2120,8 +2115,8 @@ void kernel(const c10::OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack*
   // tensors from strided tensors is managed too, so that what inference holds counts and can be evicted
   bool infer = false;
   Py& P = cur();
-  if (!tagged && !at::GradMode::is_enabled() && g_stepping.load(std::memory_order_relaxed) == 0 && P.active &&
-      f.fresh && !f.writes && f.replayable && !f.nested) {
+  if (!region && !tagged && !at::GradMode::is_enabled() && g_stepping.load(std::memory_order_relaxed) == 0 &&
+      P.active && f.fresh && !f.writes && f.replayable && !f.nested) {
     bool strided = false, nested = false;
     for (size_t i = start; i < stack->size(); ++i)
       each_tensor((*stack)[i], [&](const at::Tensor& t) {
@@ -2467,7 +2462,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_stepping", &set_stepping);
   m.def("region_enter", &region_enter);
   m.def("region_leave", &region_leave);
-  m.def("region_depth", []() { return static_cast<int64_t>(t_regions.size()); });
+  m.def("region_depth", []() { return t_region; });
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);
   m.def("start_tenant", &start_tenant);

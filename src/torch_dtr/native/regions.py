@@ -7,9 +7,10 @@ torch.func's transforms.
 #    (never evicted). With inductor (torch.compile's default) each region is planned against the budget instead
 #    (NOTE [ Compiled regions under a budget ]); its managed inputs are brought back and pinned before it runs
 #    (its kernels read their memory directly, and it may save them for its backward). The aten ops its kernels call
-#    through the dispatcher (inductor's extern kernels: convolutions, matmuls; grad mode is off in them) run plain
-#    too, from its call to its end and from its backward's start to its end (``Env.enter``/``leave``, front.cpp's
-#    ``region_enter``), after the core heard of every death so far. Managed by the grad-mode-off rule, their outputs
+#    through the dispatcher (inductor's extern kernels: convolutions, matmuls; its buffers' allocations; grad mode
+#    is off in them) take the plain path too (reserved ahead, retried on the device's out-of-memory), from its call
+#    to its end and from its backward's start to its end (``Env.enter``/``leave``, front.cpp's ``region_enter``),
+#    after the core heard of every death so far. Managed by the grad-mode-off rule, their outputs
 #    were values the kernels read by address, freed only when the core next heard of their deaths: the bench's
 #    ResNet-50 held 63 MiB more in its backward than compiled plain at the same partition. A region dynamo compiles
 #    with another backend while a session runs is said once per session (dynamo's end callback). A region
