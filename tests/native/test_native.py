@@ -937,7 +937,9 @@ def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
     """torch.compile (aot_autograd) reads its example inputs' storages under a fake tensor mode; the storage guard
     of NOTE [ Native exports ] steps aside there (rule 5), as it must: bringing a value back cannot run under
     that mode (the compile failed). At no budget the region's kernels read the managed input as it is; under a
-    budget (here far above the peak) it runs too, and a warning says once that such values should stay plain."""
+    budget (here far above the peak) it runs too. Nothing is said either time: aot_eager's kernels are aten ops the
+    front end manages, so no kernel reads a managed value's memory unseen (the warning tracing used to give was
+    said for every backend, inductor's included, whose regions bring their managed inputs back and pin them)."""
     def run():
         torch._dynamo.reset()
         torch.manual_seed(0)
@@ -959,7 +961,7 @@ def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
         torch._dynamo.reset()
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     assert not [w for w in caught if "torch.compile region" in str(w.message)]
-    native.enable(2**40)  # under a budget: traced as well, and said once
+    native.enable(2**40)  # under a budget: traced as well
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -968,8 +970,8 @@ def test_a_compiled_region_given_a_managed_input_traces_and_runs_at_no_budget():
         native.disable()
         torch._dynamo.reset()
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
-    said = [str(w.message) for w in caught if "torch.compile region" in str(w.message)]
-    assert len(said) == 1 and "plain" in said[0]
+    assert native.stats()["managed_ops"] > 0
+    assert not [str(w.message) for w in caught if "torch.compile region" in str(w.message)]
 
 
 def test_the_kernels_cost_model_equals_the_python_one_and_asks_python_only_for_pytorchs_formulas():

@@ -28,7 +28,8 @@
 #    inputs' storages, and the ops that bring a value back cannot run under it): the read goes through as it
 #    did. A compiled region's kernels read their inputs' memory without the kernel: an inductor region brings
 #    its managed inputs back and pins them before it runs (NOTE [ Unmanaged regions ] 1); with another backend,
-#    keep the values that cross into it plain under a budget.
+#    keep the values that cross into it plain under a budget (said once, when such a region is compiled: the
+#    tracing itself reads its inputs' addresses for either backend, so a warning here was said for inductor too).
 # 6. ``t.data = v`` on a constant rebinds ``t`` to another storage without an op, and recipes that read ``t`` hold
 #    ``t`` itself: recomputed, they would read ``v``, and once ``v`` was written in place (an optimizer's step)
 #    they could not run at all ("a tensor it read was written in place since"). As for a write to a constant
@@ -43,7 +44,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
 import torch
@@ -61,15 +61,6 @@ def _pin(ext: Any, t: Any) -> None:
     # ops that bring a value back cannot run): rule 5
     if not _compiler._is_compiling_flag and _current_mode() is None:
         _plain(ext, t)
-        return
-    session = ext.session_of(t)
-    if _compiler._is_compiling_flag and session.rt.budget is not None and not session.warned_compile:
-        session.warned_compile = True
-        warnings.warn("torch_dtr.native: a managed tensor enters a torch.compile region under a budget; the "
-                      "region's kernels read memory without torch-dtr seeing it, so a value evicted under them "
-                      "is read freed. Keep the values that cross into compiled regions plain (compute them "
-                      "before torch_dtr.native.enable(), or pass t.detach().clone() made under "
-                      "torch_dtr.native.disable()), or run the region at no budget.", RuntimeWarning, stacklevel=3)
 
 
 def _guarded(ext: Any, orig: Any) -> Any:

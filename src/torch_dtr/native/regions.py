@@ -43,7 +43,9 @@ COMPILED = ("torch_dtr: a torch.compile region is compiled while torch_dtr runs,
             "what its compiled kernels compute is not managed (never evicted, not counted in the budget on the CPU; "
             "on CUDA counted as memory outside torch-dtr's reach), unless the backend runs aten ops "
             "(backend='eager'), which torch-dtr manages. Leave room for it in the budget, or compile with inductor "
-            "(the default), whose regions torch-dtr plans against the budget (NOTE [ Unmanaged regions ]).")
+            "(the default), whose regions torch-dtr plans against the budget (NOTE [ Unmanaged regions ]). Under a "
+            "budget, pass such a region plain tensors (t.detach().clone() made under torch_dtr.disable()): its "
+            "kernels read their inputs' memory directly, and a managed value evicted under them is read freed.")
 TRANSFORMS = ("torch_dtr: ops inside torch.func transforms (vmap, grad, vjp, jvp, jacrev, ...) are not managed: what "
               "they compute is outside torch-dtr's budget (never evicted; not counted on the CPU, counted as memory "
               "outside its reach on CUDA). Run the transform outside torch_dtr.enable(), or leave room for it in the "

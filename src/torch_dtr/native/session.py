@@ -111,7 +111,6 @@ class Session:
         # a compiled region ran eagerly on the CPU without a device: what lives outside is measured again as its
         # backward makes each gradient (NOTE [ Compiled regions under a budget ] 5)
         self.remeasure: Callable[[int], None] | None = None
-        self.warned_compile = False  # NOTE [ Native exports ] 5: said once
         self.warned: set[str] = set()  # NOTE [ Unmanaged regions ]: what was said, once each
         self.unwatch: Any = lambda: None  # enable() watches for them (regions.watch)
         self.unwrap_fsdp: Any = lambda: None  # enable() wraps FSDP2's reshard (NOTE [ Resharded parameters ])
