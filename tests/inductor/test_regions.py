@@ -43,11 +43,16 @@ def _bytes(*tensors: torch.Tensor) -> int:
     return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
-def _train(model: nn.Module, batches: Callable[[int], tuple], compiled: bool = True, budget: int | None = None):
+def _train(model: nn.Module, batches: Callable[[int], tuple], compiled: bool = True, budget: int | None = None,
+           loss_inside: bool = False):
     """Losses, final parameters, and the most bytes in use in the steps after the first two (the steady ones:
-    an optimizer's state exists, and the region's plan has settled) or None when no session counted them."""
+    an optimizer's state exists, and the region's plan has settled) or None when no session counted them.
+    ``loss_inside``: the loss is computed in the compiled region too (every op of a step but the optimizer's is the
+    region's)."""
     opt = torch.optim.AdamW(model.parameters())
     run = torch.compile(model) if compiled else model
+    if loss_inside:
+        run = torch.compile(lambda x, y: (model(x) - y).square().mean())
     ext = native.load()
     before = _bytes(*model.parameters())  # made before the session
     if budget is not None:
@@ -60,7 +65,7 @@ def _train(model: nn.Module, batches: Callable[[int], tuple], compiled: bool = T
             x, y = batches(i)
             if i == 2:
                 ext.cpu_blocks_reset_peak()
-            loss = (run(x) - y).square().mean()
+            loss = run(x, y) if loss_inside else (run(x) - y).square().mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -265,37 +270,9 @@ def _convnet() -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def _train_conv(budget: int | None = None) -> tuple[list[float], list[torch.Tensor], int]:
-    """As ``_train``, with the loss inside the compiled region: every op of the step but the optimizer's is the
-    region's."""
-    model = _convnet()
-    opt = torch.optim.AdamW(model.parameters())
-    run = torch.compile(lambda x, y: (model(x) - y).square().mean())
-    ext = native.load()
-    before = _bytes(*model.parameters())
-    if budget is not None:
-        torch_dtr.enable(budget=budget)
-    else:
-        ext.cpu_blocks(True)
-    losses = []
-    try:
-        for i in range(STEPS):
-            g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(16, 32, 32, 32, generator=g), torch.randn(16, 32, 32, 32, generator=g)
-            if i == 2:
-                ext.cpu_blocks_reset_peak()
-            loss = run(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        peak = int(ext.cpu_blocks_usage()[1]) + before
-    finally:
-        if budget is not None:
-            torch_dtr.disable()
-        else:
-            ext.cpu_blocks(False)
-    return losses, [p.detach().clone() for p in model.parameters()], peak
+def _conv_batches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(16, 32, 32, 32, generator=g), torch.randn(16, 32, 32, 32, generator=g)
 
 
 def test_a_compiled_convnet_under_a_budget_it_never_needs_holds_what_compiled_plain_holds_bitwise():
@@ -305,10 +282,10 @@ def test_a_compiled_convnet_under_a_budget_it_never_needs_holds_what_compiled_pl
     2026-12-01: its backward 63 MiB over compiled plain's at the same partition; its region then ran eagerly at 95%
     of compiled plain's peak; this net: 4 MiB over). At 4x compiled plain's peak nothing is evicted: the steps must
     hold what compiled plain holds, and train bitwise as it does."""
-    want, want_params, plain_peak = _train_conv()
+    want, want_params, plain_peak = _train(_convnet(), _conv_batches, loss_inside=True)
     torch._dynamo.reset()
     budget = 4 * plain_peak
-    got, got_params, peak = _train_conv(budget=budget)
+    got, got_params, peak = _train(_convnet(), _conv_batches, budget=budget, loss_inside=True)
     [plan] = [p for p in inductor.plans() if p["budget"] == budget]
     assert plan["fits"] and plan["fraction"] == 1.0, plan
     assert got == want and all(torch.equal(a, b) for a, b in zip(want_params, got_params, strict=True))
