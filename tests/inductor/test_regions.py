@@ -279,7 +279,7 @@ def test_a_compiled_convnet_under_a_budget_it_never_needs_holds_what_compiled_pl
     """Inductor calls aten's convolutions and their backward through the dispatcher (extern kernels), with grad mode
     off. Under a session those calls run plain (NOTE [ Unmanaged regions ] 1): managed, their outputs were values
     the core heard of dying only at its next call, so a region's temporaries outlived it (the bench's ResNet-50,
-    2026-12-01: its backward 63 MiB over compiled plain's at the same partition; its region then ran eagerly at 95%
+    2026-12-01: its backward 62 MiB over compiled plain's at the same partition; its region then ran eagerly at 95%
     of compiled plain's peak; this net: 4 MiB over). At 4x compiled plain's peak nothing is evicted: the steps must
     hold what compiled plain holds, and train bitwise as it does."""
     want, want_params, plain_peak = _train(_convnet(), _conv_batches, loss_inside=True)

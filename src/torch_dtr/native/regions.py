@@ -12,7 +12,7 @@ torch.func's transforms.
 #    to its end and from its backward's start to its end (``Env.enter``/``leave``, front.cpp's ``region_enter``),
 #    after the core heard of every death so far. Managed by the grad-mode-off rule, their outputs
 #    were values the kernels read by address, freed only when the core next heard of their deaths: the bench's
-#    ResNet-50 held 63 MiB more in its backward than compiled plain at the same partition. A region dynamo compiles
+#    ResNet-50 held 62 MiB more in its backward than compiled plain at the same partition. A region dynamo compiles
 #    with another backend while a session runs is said once per session (dynamo's end callback). A region
 #    compiled before ``enable()`` and only run under it is not seen (as with the Python front end, NOTE
 #    [ Compiled regions ] 2).
