@@ -74,11 +74,6 @@ class Env:
         again."""
 
 
-def _read(env: Env) -> int | None:
-    """The most in use since the last reading (``Env.mark``, which restarts it)."""
-    return env.mark()
-
-
 _open = threading.local()  # backward nodes of regions started on this thread and not yet ended
 
 
@@ -88,14 +83,14 @@ def _bracket(region: Region, outs: Any) -> None:
     env = region.env
 
     def pre(_grads: Any) -> None:
-        _read(env)
+        env.mark()
         env.enter()
         _open.n = getattr(_open, "n", 0) + 1
 
     def post(_ins: Any, _outs: Any) -> None:
         _open.n -= 1
         env.leave()
-        region.took(_read(env))
+        region.took(env.mark())
 
     for t in outs if isinstance(outs, (list, tuple)) else (outs,):
         node = t.grad_fn if isinstance(t, torch.Tensor) else None
@@ -161,13 +156,13 @@ class Region:
             return self.gm(*args)  # its ops run under the session, which keeps the budget
         env.prepare(args)
         assert self.fn is not None
-        _read(env)
+        env.mark()
         env.enter()
         try:
             outs = self.fn(*args)
         finally:
             env.leave()
-        self.took(_read(env))
+        self.took(env.mark())
         _bracket(self, outs)
         return outs
 

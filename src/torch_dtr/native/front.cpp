@@ -2462,7 +2462,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_stepping", &set_stepping);
   m.def("region_enter", &region_enter);
   m.def("region_leave", &region_leave);
-  m.def("region_depth", []() { return t_region; });
   m.def("set_retry", &set_retry);
   m.def("set_count_plain", &set_count_plain);
   m.def("start_tenant", &start_tenant);

@@ -142,8 +142,8 @@ class Session:
                 self.rt.drop_ref(s)
 
     def settle(self) -> None:
-        """``flush`` under the kernel's lock, from Python outside any op (a compiled region's call, an optimizer's
-        step): the values that died since the core last heard are freed before plain work allocates."""
+        """``flush`` under the kernel's lock, from Python outside any op (a compiled region's call): the values that
+        died since the core last heard are freed before plain work allocates."""
         with _locked(self.ext):
             self.flush()
 
