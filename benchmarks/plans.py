@@ -89,8 +89,9 @@ def against_ilp(tmp: Path, n: int, lines: list[str]) -> None:
     lines += ["## Against the optimum (Checkmate ILP, HiGHS, 60 s)", "",
               f"The two recorded logs small enough to solve exactly, one iteration each, replayed {n} times; ours: "
               f"the last iteration's overhead. The ILP schedules one iteration and frees a value right after its "
-              f"last use (the replay when the log releases it). Issue 51's target: planned iterations within "
-              f"1.05x of the optimum.", "",
+              f"last use (the replay when the log releases it). Both overheads are over the log's whole op time "
+              f"(the ILP's graph leaves out the time of ops that only make views, so its own overhead reads higher). "
+              f"Issue 51's target: planned iterations within 1.05x of the optimum.", "",
               "| log | ratio | without plans | with plans | optimum | with plans / optimum | target |",
               "| --- " * 7 + "|"]
     for name, path in _record_small(tmp):
@@ -102,9 +103,11 @@ def against_ilp(tmp: Path, n: int, lines: list[str]) -> None:
             dyn, pl = replay.simulate(lg, plans=False, **kw), replay.simulate(lg, **kw)
             s = checkmate.solve(g, int(r * peak), time_limit=60.0)
             if s.status in ("optimal", "feasible") and pl.status == "ok":
-                rel = pl.per_iteration[-1] / s.overhead
+                # the optimum's recomputations over the replay's op time (the graph leaves out views' time)
+                opt_r = 1 + (s.compute - s.base) / lg.op_time_ns()
+                rel = pl.per_iteration[-1] / opt_r
                 verdict = "met" if rel <= 1.05 else "missed"
-                opt, rel_s = f"{s.overhead:.3f} ({s.status})", f"{rel:.3f}"
+                opt, rel_s = f"{opt_r:.3f} ({s.status})", f"{rel:.3f}"
             else:
                 opt, rel_s = s.status if s.status not in ("optimal", "feasible") else f"{s.overhead:.3f}", ""
                 verdict = "no schedule" if s.status not in ("optimal", "feasible") else "missed"

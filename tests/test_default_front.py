@@ -348,3 +348,18 @@ def test_training_steps_follow_the_plan_of_the_step_before_bitwise_within_the_bu
     # of the parameters after the last step are not that plan's iteration: they leave it, and are counted
     assert (st.iterations, st.diverged) == (5, 1) and st.planned >= 1
     assert st.peak_bytes <= budget and st.evictions > 0 and st.rematerializations > 0
+
+
+@pytest.mark.parametrize("front", ["native", "python"])
+def test_a_followed_plan_brings_back_values_ahead_of_need_bitwise_within_55_percent_of_the_peak(front, monkeypatch):
+    # NOTE [ Iteration plans ] 7: after an op, an evicted input of the plan's next ops is recomputed if it fits now
+    if front == "native" and not native.available():
+        pytest.skip("the C++ front end cannot be built here")
+    monkeypatch.setenv("TORCH_DTR_FRONT", front)
+    plain = _train(_mlp(), steps=5)
+    budget = int(_peak() * 0.55)
+    with torch_dtr.enable(budget=budget):
+        out = _train(_mlp(), steps=5)
+        st = torch_dtr.stats()
+    assert _same(out, plain)
+    assert st.planned >= 1 and st.ahead > 0 and st.peak_bytes <= budget

@@ -140,8 +140,10 @@ class Feed:
             if held:
                 rt.release(held)
         budget = rt.budget
-        if budget is not None and rt.memory.tracked + rt.memory.outside > budget:  # a prediction fell short
-            rt.reserve(0, name)
+        if budget is not None:
+            if rt.memory.tracked + rt.memory.outside > budget:  # a prediction fell short
+                rt.reserve(0, name)
+            rt.ahead()
         if rt.listeners:
             rt.emit("op", None)
         if budget is None:

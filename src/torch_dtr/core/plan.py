@@ -47,6 +47,19 @@ says when each value of the next one will be read.
 #    only under a budget (a budget set later starts at the next boundary), and stops for the rest of an iteration
 #    past ``LIMIT`` ops (a program without optimizer steps: inference, ``generate()``), so that its record never
 #    grows without bound; such a stretch leaves no plan.
+# 7. Recomputing ahead of need: after each op of an iteration that follows its plan (either rule), once something was
+#    evicted in it, the runtime reads the plan's next ``AHEAD`` (4) ops (``Runtime.ahead``, remat.py ``ahead``): an
+#    input of theirs that is evicted is brought back now, if its plan's steps (``_plan_bytes``: what they hold at
+#    most, a recomputed value without handles dropped after its last planned reader) and then the value, with what
+#    those ops will make, fit in the bytes free under the budget; at the first that does not fit it stops, and the op
+#    that reads it brings it back when it runs, as before. So nothing is evicted for it, and the recomputation runs
+#    where memory is low instead of where the reader's other inputs and outputs crowd it: Checkmate's optimum
+#    recomputes so, in the stage before the read (on the recorded 5-layer MLP at 0.7 of its peak the op reading a
+#    layer's activation came after the gradient it also reads; recomputed on demand, the activation's chain evicted
+#    that gradient, recomputed later: 1.265 against the optimum's 1.171; ahead, 1.171, the optimum's own
+#    recomputations). Not in an iteration whose recomputations already passed its op time (thrashing: on the bench's
+#    LSTM log at 0.8 of its peak, where the dynamic policy's trial iteration costs 9.4x, reading ahead made an unheld
+#    plan give up). ``Stats.ahead`` counts the values brought back so.
 """
 
 from __future__ import annotations
@@ -69,14 +82,33 @@ class Plan:
     """One recorded iteration (NOTE [ Iteration plans ] 1): the program's op keys, the summed op cost after each op,
     and per output (in the order made) its bytes and the positions of the ops that read it."""
 
-    __slots__ = ("keys", "times", "sizes", "uses", "total")
+    __slots__ = ("keys", "times", "sizes", "uses", "total", "firsts", "reads", "made")
 
-    def __init__(self, keys: list[int], times: list[float], sizes: list[int], uses: list[list[int]]) -> None:
+    def __init__(self, keys: list[int], times: list[float], sizes: list[int], uses: list[list[int]],
+                 firsts: list[int]) -> None:
         self.keys = keys
         self.times = times
         self.sizes = sizes
         self.uses = uses
         self.total = times[-1] if times else 0.0
+        self.firsts = firsts  # per op, the outputs made before it ran; then all of them (rule 7)
+        self.reads: list[list[int]] = []  # per op, the outputs of the iteration it reads (``index``)
+        self.made: list[int] = []  # per output, the bytes the iteration made before it; then all of them
+
+    def index(self) -> None:
+        """Fill ``reads`` and ``made`` (once, at the first look ahead: NOTE [ Iteration plans ] 7)."""
+        n = len(self.keys)
+        reads: list[list[int]] = [[] for _ in range(n)]
+        for i in range(len(self.uses)):
+            for u in self.uses[i]:
+                if u < n:
+                    reads[u].append(i)
+        made = [0]
+        total = 0
+        for b in self.sizes:
+            total += b
+            made.append(total)
+        self.reads, self.made = reads, made
 
 
 class Iterations:
@@ -84,7 +116,7 @@ class Iterations:
 
     __slots__ = ("base", "next_tag", "pos", "elapsed", "keys", "times", "sizes", "uses", "plan", "following",
                  "steer", "rule", "boundaries", "planned", "diverged", "divergence", "spent", "tried", "recording",
-                 "clean")
+                 "clean", "firsts", "stores", "evictions")
 
     def __init__(self, recording: bool = True) -> None:
         self.recording = recording  # rule 6: only under a budget, and at most ``LIMIT`` ops per iteration
@@ -96,6 +128,9 @@ class Iterations:
         self.times: list[float] = []
         self.sizes: list[int] = []
         self.uses: list[list[int]] = []
+        self.firsts: list[int] = []  # per op: how many outputs were made before it ran
+        self.stores: list[Storage] = []  # while following: this iteration's outputs, in the order made (rule 7)
+        self.evictions = 0  # the runtime's evictions when this iteration began (rule 7)
         self.plan: Plan | None = None
         self.following = False  # this iteration matches its plan so far (rule 2)
         self.steer = False  # ... and the plan steers the eviction search (rule 5)
@@ -126,6 +161,7 @@ class Iterations:
             else:
                 key = (key * 1000003 - 1) & 0xFFFFFFFFFFFF
         self.keys.append(key)
+        self.firsts.append(len(self.sizes))
         self.elapsed += cost
         self.times.append(self.elapsed)
         self.pos = pos + 1
@@ -143,6 +179,7 @@ class Iterations:
         self.sizes.append(s.nbytes)
         self.uses.append([])
         if self.following:
+            self.stores.append(s)
             plan = self.plan
             assert plan is not None
             if i >= len(plan.sizes) or plan.sizes[i] != s.nbytes:
@@ -151,20 +188,21 @@ class Iterations:
     def stop(self) -> None:
         """Record nothing until the next boundary (rule 6)."""
         self.recording = self.following = self.steer = False
-        self.keys, self.times, self.sizes, self.uses = [], [], [], []
+        self.keys, self.times, self.sizes, self.uses, self.firsts, self.stores = [], [], [], [], [], []
         self.pos = 0
 
     def _diverge(self, where: str) -> None:
         self.following = self.steer = False
+        self.stores = []
         self.diverged += 1
         self.divergence = where
         self.tried.clear()
 
-    def boundary(self, live: Iterable[Storage], spent: float, record: bool = True) -> None:
+    def boundary(self, live: Iterable[Storage], spent: float, record: bool = True, evictions: int = 0) -> None:
         """An iteration ended: it becomes the plan of the next (rule 2). Two boundaries with no op between them
         keep the plan. ``live``: the storages not released; those of this iteration with handles are read at its
         end (rule 3). ``spent``: the driver's recomputation and copy cost so far (rule 5). ``record``: whether to
-        record the next iteration (rule 6)."""
+        record the next iteration (rule 6). ``evictions``: the runtime's count of them so far (rule 7)."""
         base, pos, uses = self.base, self.pos, self.uses
         for s in live:
             if s.tag >= base and s.refs:
@@ -185,11 +223,14 @@ class Iterations:
             self.plan = None
             self.tried.clear()
         elif self.pos:
-            self.plan = Plan(self.keys, self.times, self.sizes, self.uses)
-            self.keys, self.times, self.sizes, self.uses = [], [], [], []
+            self.firsts.append(len(self.sizes))
+            self.plan = Plan(self.keys, self.times, self.sizes, self.uses, self.firsts)
+            self.keys, self.times, self.sizes, self.uses, self.firsts = [], [], [], [], []
             if clean:  # it ran as the dynamic policy alone would: what that costs on its plan is known (rule 5)
                 self.tried[NONE] = cost
         self.recording = record
+        self.stores = []
+        self.evictions = evictions
         self.base = self.next_tag
         self.pos = 0
         self.elapsed = 0.0

@@ -333,3 +333,76 @@ def recompute(rt: Runtime, op: Op, keep: Any = ()) -> None:
             rt.tracker.restored(o)
         if rt.listeners:
             rt.emit("remat", o)
+
+
+AHEAD = 4  # ops the plan is read ahead by (NOTE [ Iteration plans ] 7)
+
+
+def ahead(rt: Runtime) -> None:
+    """After an op, while the iteration follows its plan: bring back now the evicted values that the plan's next
+    ``AHEAD`` ops read, in their order, while they, their recomputations and what those ops make fit in the bytes
+    free under the budget, so that nothing is evicted for them (NOTE [ Iteration plans ] 7)."""
+    it = rt.iterations
+    plan = it.plan
+    budget = rt.budget
+    if plan is None or budget is None:
+        return
+    if not plan.reads:
+        plan.index()
+    pos = it.pos
+    reads, made, firsts, stores = plan.reads, plan.made, plan.firsts, it.stores
+    end = min(pos + AHEAD, len(reads))
+    mem = rt.memory
+    tier = rt.tier
+    limit = budget - rt.headroom
+    for p in range(pos, end):
+        for i in reads[p]:
+            if i >= len(stores):
+                return
+            s = stores[i]
+            if s.resident or s.released:
+                continue
+            free = limit - mem.tracked - mem.outside - (tier.pending if tier is not None else 0)
+            coming = made[firsts[p + 1]] - made[firsts[pos]]  # what the ops up to its reader make
+            if s.nbytes + coming > free:
+                return  # the op reading it brings it back when it runs, evicting if it must
+            try:
+                steps = plan_steps(rt, [s])
+            except ConstantChangedError:
+                return  # the op reading it raises it, where the program reads it
+            chain, kept = _plan_bytes(steps, s)
+            if chain > free or kept + coming > free:
+                return
+            evicted = rt.evictions
+            try:
+                bring(rt, [s])
+            except BudgetError:  # the device's count grew (a sync): leave it to the op that reads it
+                return
+            rt.aheads += 1
+            if rt.evictions != evicted:  # the estimate fell short: no more ahead of need in this call
+                return
+
+
+def _plan_bytes(steps: Sequence[Storage], root: Storage) -> tuple[int, int]:
+    """The most bytes ``bring`` holds at once while it runs ``steps`` (``plan_steps``) for ``root``, and what stays
+    when it is done: every step's outputs come back; a value without handles is dropped once the last step that reads
+    it has run (NOTE [ Planned rematerialization ] 2)."""
+    reads: dict[Storage, int] = {}
+    for st in steps:
+        if st.host is None:
+            for i in st.op.inputs:  # type: ignore[union-attr]
+                reads[i] = reads.get(i, 0) + 1
+    live = peak = 0
+    for st in steps:
+        if st.host is not None:
+            live += st.nbytes
+        else:
+            op: Any = st.op
+            live += sum(o.nbytes for o in op.outputs if not o.resident and not o.released)
+            peak = max(peak, live + op.scratch)
+            for i in op.inputs:
+                left = reads[i] = reads[i] - 1
+                if left == 0 and i.refs == 0 and i is not root and not i.resident:  # brought back, then dropped
+                    live -= i.nbytes
+        peak = max(peak, live)
+    return peak, live

@@ -98,6 +98,7 @@ class Stats:
     iterations: int = 0
     planned: int = 0
     diverged: int = 0
+    ahead: int = 0  # evicted values a plan brought back ahead of their reader (NOTE [ Iteration plans ] 7)
 
 
 
@@ -174,7 +175,7 @@ class Runtime:
         self.live: dict[Storage, None] = {}  # every storage not yet released
         self.clock = 0.0
         self.next_sid = 0
-        self.evictions = self.drops = self.rematerializations = self.ops = 0
+        self.evictions = self.drops = self.rematerializations = self.ops = self.aheads = 0
         self.remat_seconds = self.search_seconds = 0.0
         self.remat_cost = 0.0  # summed recipe cost of rematerializations (the simulator's overhead)
         self.scored = 0  # candidates scored by the eviction search (policy metadata accesses)
@@ -325,7 +326,16 @@ class Runtime:
         """An iteration of the program ended (an optimizer step): it becomes the plan the next one follows while
         it matches (NOTE [ Iteration plans ] in plan.py)."""
         if self.plans:
-            self.iterations.boundary(self.live, self.remat_cost + self.swap_cost, self.budget is not None)
+            self.iterations.boundary(self.live, self.remat_cost + self.swap_cost, self.budget is not None,
+                                     self.evictions)
+
+    def ahead(self) -> None:
+        """After an op's outputs were counted: while the iteration follows its plan and something was evicted in it,
+        bring back ahead of need what the next ops will read, where it fits (NOTE [ Iteration plans ] 7 in plan.py)."""
+        it = self.iterations
+        if (it.following and self.evictions != it.evictions and self.budget is not None
+                and self.remat_cost + self.swap_cost - it.spent < it.elapsed):
+            remat.ahead(self)
 
     def set_cost(self, op: Op, cost: float) -> None:
         """Replace ``op``'s cost by a better measurement (CUDA events), unless the old one is already summed
@@ -551,6 +561,7 @@ class Runtime:
             iterations=self.iterations.boundaries,
             planned=self.iterations.planned,
             diverged=self.iterations.diverged,
+            ahead=self.aheads,
             **({} if self.tier is None else {
                 "swaps_out": self.tier.outs, "swaps_in": self.tier.ins, "host_bytes": self.tier.used,
                 "host_peak_bytes": self.tier.peak}),

@@ -461,6 +461,8 @@ class Front:
                 bufs = {st.data_ptr(): st.nbytes() for st in (flat[i].untyped_storage() for i in fresh)}
                 self.sizes.fell_short(fi, pargs, pkwargs, need, sum(bufs.values()))
             rt.reserve(0, fi.name)
+        if rt.budget is not None:
+            rt.ahead()
         if rt.listeners:
             rt.emit("op", None)
         return _rebuild(out, results)

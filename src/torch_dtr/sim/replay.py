@@ -91,6 +91,7 @@ class Outcome:
     planned: int = 0  # iterations that followed their plan to the end (rule 9; NOTE [ Iteration plans ])
     diverged: int = 0  # iterations that left it
     per_iteration: tuple[float, ...] = ()  # with iterations > 1: each whole iteration's overhead (its op time's)
+    ahead: int = 0  # values a plan brought back ahead of their reader (NOTE [ Iteration plans ] 7)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,6 +172,7 @@ class Replay:
             rt.release(ins)
         for name, s in outs:  # after unlocking: a reference dropped here may evict (NOTE [ Lifetimes ] 3)
             self._bind(name, s)
+        rt.ahead()
 
     def _mutate(self, ins_: Mutate) -> None:
         rt = self.rt
@@ -186,6 +188,7 @@ class Replay:
             rt.release(ins)
         for name, s in rebind:  # after unlocking, so that the old version can be dropped
             self._bind(name, s)
+        rt.ahead()
 
     def _constant(self, ins_: Constant) -> None:
         rt = self.rt
@@ -310,5 +313,6 @@ def outcome(rp: Any, rt: Runtime, base: float, ratio: float | None, budget: int 
         wall_seconds=wall, search_seconds=rt.search_seconds, error=error,
         swaps_out=rt.tier.outs if rt.tier else 0, swaps_in=rt.tier.ins if rt.tier else 0, swap_gbps=swap_gbps,
         planned=rt.iterations.planned, diverged=rt.iterations.diverged,
+        ahead=rt.aheads,
         per_iteration=tuple((one + c) / one for one, c in spent if one > 0) if len(spent) > 1 else (),
     )
