@@ -14,7 +14,7 @@ import torch
 from models import BUILDERS
 
 import torch_dtr
-from torch_dtr.eager.costs import RATES, flops, model_cost
+from torch_dtr.eager.costs import RATES, WEIGHTS, flops, model_cost, weights
 
 _RUN = """
 import json, sys, torch
@@ -37,7 +37,20 @@ def test_matmul_cost_is_its_flops_and_bytes_at_the_cpu_rates():
     got = model_cost(torch.ops.aten.mm.default, (a, b), {}, [out], "cpu")
     assert got == pytest.approx(2 * 64 * 32 * 16 / rate + moved / bandwidth)
     relu = model_cost(torch.ops.aten.relu.default, (a,), {}, [a.relu()], "cpu")
-    assert relu == pytest.approx(2 * a.nbytes / bandwidth)
+    assert relu == pytest.approx(2 * a.nbytes / bandwidth * weights("aten.relu.default")[0])
+
+
+def test_drawing_random_numbers_weighs_more_than_its_bytes_on_the_cpu_and_nothing_more_on_cuda():
+    """NOTE [ Modelled costs ] 5: dropout's mask is no longer modelled as cheap to draw again on the CPU."""
+    a = torch.randn(64, 32)
+    w_cpu, w_cuda = weights("aten.bernoulli_.float")
+    assert w_cpu == WEIGHTS["cpu"]["bernoulli_"] >= 5 and w_cuda == 1.0
+    moved = 2 * a.nbytes  # its input and its output
+    got = model_cost(torch.ops.aten.bernoulli_.float, (a, 0.5), {}, [a], "cpu")
+    assert got == pytest.approx(moved / RATES["cpu"][1] * w_cpu)
+    assert model_cost(torch.ops.aten.bernoulli_.float, (a, 0.5), {}, [a], "cuda") == pytest.approx(
+        moved / RATES["cuda"][1])
+    assert weights("aten.mm.default") == (1.0, 1.0) and weights("mylib.bernoulli_.default") == (1.0, 1.0)
 
 
 def test_costs_must_be_time_or_model():

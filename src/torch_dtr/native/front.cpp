@@ -670,6 +670,7 @@ struct Facts {  // per operator, read once from its schema
   int64_t training = -1;
   std::vector<bool> kwarg_only;  // per argument
   int cost_kind = 5;  // how the cost model counts its FLOPs (eager/costs.py cost_kind): 0-4 here, 5 in Python
+  double weight_cpu = 1.0, weight_cuda = 1.0;  // its weights in the cost model (NOTE [ Modelled costs ] 5)
   // eager/sizes.py's rules for ops whose meta kernel is wrong or missing (NOTE [ Size prediction ] 3, 5, 8):
   // 0 none, 1 a rule that reads only shapes (run on the meta arguments, then the real size learned per call
   // signature), 2 a rule that reads the data (size_rule_kind)
@@ -749,6 +750,7 @@ const Facts& build_facts(const c10::OperatorHandle& op) {
   f.name = py::str(full.substr(0, full.find("::")) + "." + base + "." +
                    (schema.overload_name().empty() ? "default" : schema.overload_name()));
   f.cost_kind = cost_model().attr("cost_kind")(f.name).cast<int>();
+  std::tie(f.weight_cpu, f.weight_cuda) = cost_model().attr("weights")(f.name).cast<std::pair<double, double>>();
   if (full.rfind("aten::", 0) == 0) f.size_rule = size_rules().attr("rule_kind")(base).cast<int>();
   return g_facts->emplace(&schema, std::move(f)).first->second;
 }
@@ -864,7 +866,7 @@ Map& bounded(Map& m) {
 }
 
 // The cost model of eager/costs.py (NOTE [ Modelled costs ] 4) for an op whose FLOPs need no formula of PyTorch's:
-// FLOPs / rate + bytes moved / bandwidth, the same float as model_cost gives. `args`: the op's arguments as called;
+// (FLOPs / rate + bytes moved / bandwidth) x the op's weight, the same float as model_cost gives. `args`: the op's arguments as called;
 // `outs`: its returns. False where Python must answer (a non-strided output, a matmul's shapes not as expected).
 int64_t bytes_of(const IValue& v) {  // costs.py _bytes: each tensor's numel x element size, lists summed
   if (v.isTensor()) {  // (a wrapped number, `x * 2.0`'s 2.0, reaches Python as a float: no bytes)
@@ -918,8 +920,9 @@ bool cost_here(const Facts& f, const std::vector<IValue>& args, const IValue* ou
     for (int64_t d = 0; d < dims; ++d) flops *= a.size(d);
   }
   const Rates& r = *g_rates;
-  cost = static_cast<double>(flops) / (cuda ? r.cuda_flops : r.cpu_flops) +
-         static_cast<double>(moved) / (cuda ? r.cuda_bytes : r.cpu_bytes);
+  cost = (static_cast<double>(flops) / (cuda ? r.cuda_flops : r.cpu_flops) +
+          static_cast<double>(moved) / (cuda ? r.cuda_bytes : r.cpu_bytes)) *
+         (cuda ? f.weight_cuda : f.weight_cpu);
   return true;
 }
 bool g_check_costs = false;  // tests: misses answered here are asked of Python too, and compared
