@@ -451,6 +451,11 @@ KNOWN_DEFAULT = {
     "checkpointed_blocks": "BudgetError at 1.3x its single-op floor (104.65 KiB, floor 80.5 KiB) while recomputing "
                            "a mul inside a checkpointed block: it asks for 112.5 KiB (1.40x); the Python front end "
                            "trains at 1.3x (measured 2026-11-28)",
+    # since the CPU cost weights (NOTE [ Modelled costs ] 5) they rank these programs' tiny ops otherwise; both train
+    # at 1.05x this budget, and at it without the weights (measured 2026-12-02)
+    "packed_gru_and_attention": "BudgetError at 50% of its peak (303.9 KiB) recomputing a gelu: it asks for 305.8 KiB",
+    "reentrant_checkpoint_and_freezing": "BudgetError at 1.3x its single-op floor (104.6 KiB) recomputing an add: it "
+                                         "asks for 108.6 KiB",
 }
 
 
