@@ -18,7 +18,7 @@
 #    makes no Python call per new signature for most of its ops. Both give the same float (the test
 #    ``test_the_kernels_cost_model_equals_the_python_one`` compares them on every miss of real programs).
 # 5. On the CPU, rule 2 ranks ops wrongly where their time is not their FLOPs and bytes: drawing random numbers
-#    (dropout's ``bernoulli_``) takes 20x what its bytes say, normalizations and transcendental functions 3-10x,
+#    (dropout's ``bernoulli_``) takes 26-30x what its bytes say, normalizations and transcendental functions 3-9x,
 #    relative to the matmuls. The policy then recomputed dropout masks as if they were cheap. So each operator
 #    has a fixed weight on the CPU (``WEIGHTS``), its measured time over its modelled time relative to the
 #    matmuls', fitted on the bench's three workloads by ``benchmarks/costs.py`` (docs/costs.md). Fixed, so that
@@ -144,7 +144,10 @@ def cost_kind(name: str) -> int:
 def weights(name: str) -> tuple[float, float]:
     """The CPU and CUDA weights (rule 5) of the op named ``name`` ("aten.bernoulli_.float")."""
     parts = name.split(".")
-    packet = parts[1] if len(parts) == 3 and parts[0] == "aten" else ""
+    return _weights(parts[1] if len(parts) == 3 and parts[0] == "aten" else "")
+
+
+def _weights(packet: str) -> tuple[float, float]:  # an aten operator's, by its packet's name ("" for any other)
     return WEIGHTS["cpu"].get(packet, 1.0), WEIGHTS["cuda"].get(packet, 1.0)
 
 
@@ -157,7 +160,7 @@ def model_cost(func: Any, args: tuple, kwargs: dict, flat_out: list[Any], device
     out = flat_out[0] if len(flat_out) == 1 else tuple(flat_out)
     w = getattr(func, "_dtr_weights", None)  # kept on the OpOverload, as its FLOP formula
     if w is None:
-        w = weights(f"{func.namespace}.{func._overloadpacket.__name__}.x")
+        w = _weights(func._overloadpacket.__name__ if func.namespace == "aten" else "")
         try:
             func._dtr_weights = w
         except (AttributeError, TypeError):

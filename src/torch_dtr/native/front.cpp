@@ -866,8 +866,9 @@ Map& bounded(Map& m) {
 }
 
 // The cost model of eager/costs.py (NOTE [ Modelled costs ] 4) for an op whose FLOPs need no formula of PyTorch's:
-// (FLOPs / rate + bytes moved / bandwidth) x the op's weight, the same float as model_cost gives. `args`: the op's arguments as called;
-// `outs`: its returns. False where Python must answer (a non-strided output, a matmul's shapes not as expected).
+// (FLOPs / rate + bytes moved / bandwidth) x the op's weight (rule 5), the same float as model_cost gives. `args`:
+// the op's arguments as called; `outs`: its returns. False where Python must answer (a non-strided output, a
+// matmul's shapes not as expected).
 int64_t bytes_of(const IValue& v) {  // costs.py _bytes: each tensor's numel x element size, lists summed
   if (v.isTensor()) {  // (a wrapped number, `x * 2.0`'s 2.0, reaches Python as a float: no bytes)
     const auto& t = v.toTensor();
