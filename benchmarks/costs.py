@@ -184,8 +184,9 @@ def main() -> int:
                           file=sys.stderr, flush=True)
                     rows[(w, ratio, weighted)].append(_live(w, ratio, weighted))
         lines += ["## Live: the bench's workloads under a budget, with the weights and without", "",
-                  f"{a.rounds} rounds; each cell: the median step of the last 4 of 8 (after the plan settled) over "
-                  "the rounds, against plain's median step from the same rounds; recomputations per process.", "",
+                  f"{a.rounds} rounds; each cell: the median of steps 4-7 of 7 under the budget (after the plan "
+                  "settled) over the rounds, against plain's median step from the same rounds; recomputations per "
+                  "process.", "",
                   "| workload | budget | without weights | with weights | recomputations without / with |",
                   "| --- | --- | --- | --- | --- |"]
         for w, ratio in LIVE:
